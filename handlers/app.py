@@ -1,0 +1,86 @@
+"""The FastAPI application: generated routes, our merged OpenAPI document, uniform 404/405."""
+
+from __future__ import annotations
+
+import functools
+import json
+from importlib import resources
+from typing import Any
+
+import yaml
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from swama.generated.routes import OPERATIONS, router
+from swama.handlers.errors import ApiError, error_body
+from swama.handlers.settings import Settings
+
+SPEC_FILES = ("openai.yaml", "decisions.yaml", "systemone.yaml")
+
+
+@functools.cache
+def merged_spec() -> dict[str, Any]:
+    """One OpenAPI document for every route we serve, built from the pinned specs."""
+    merged: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {"title": "swama", "version": _version()},
+        "paths": {},
+        "components": {"schemas": {}},
+    }
+    folder = resources.files("swama.specs")
+    for name in SPEC_FILES:
+        doc = yaml.load(folder.joinpath(name).read_text(encoding="utf-8"),
+                        Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        for path, item in doc["paths"].items():
+            merged["paths"].setdefault(path, {}).update(item)
+        for schema, body in doc["components"]["schemas"].items():
+            if schema in merged["components"]["schemas"] and merged["components"]["schemas"][schema] != body:
+                raise RuntimeError(f"component {schema} differs between pinned specs")
+            merged["components"]["schemas"][schema] = body
+    return merged
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("swama")
+    except PackageNotFoundError:
+        return "0"
+
+
+def _family_for(path: str) -> str:
+    for op in OPERATIONS.values():
+        if op.path == path:
+            return op.family if op.family in ("decisions", "systemone") else "openai"
+    return "openai"
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    app = FastAPI(title="swama", openapi_url=None, docs_url=None, redoc_url=None)
+    app.state.settings = settings or Settings()
+    app.include_router(router)
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi() -> JSONResponse:
+        return JSONResponse(merged_spec())
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Unknown paths and methods: the same envelope as the routes, never an HTML page.
+        if exc.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path}."
+        elif exc.status_code == 404:
+            message = f"Unknown route: {request.method} {request.url.path}."
+        else:
+            message = str(exc.detail)
+        err = ApiError(exc.status_code, message, code="not_found" if exc.status_code == 404 else None)
+        return JSONResponse(error_body(_family_for(request.url.path), err), status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+    return app
+
+
+def openapi_json() -> str:
+    return json.dumps(merged_spec())

@@ -1,0 +1,48 @@
+"""Errors and the error envelope each route family documents.
+
+- OpenAI routes:  {"error": {"message", "type", "param", "code"}}
+- /v1/decisions:  {"error": {"message", "type"}}
+- /v1/systemone:  {"error": {"message", "type"}, "detail": {"error_type", "message"}}
+  (the seed's envelope, plus System One's own so clients written for either read the message)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class ApiError(Exception):
+    status: int
+    message: str
+    code: str | None = None  # OpenAI routes only: a short machine-readable code
+    param: str | None = None  # OpenAI routes only: the offending field
+    headers: dict[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
+
+    @property
+    def type(self) -> str:
+        if self.status == 501:
+            return "not_implemented_error"
+        return "invalid_request_error" if self.status < 500 else "server_error"
+
+
+def bad_request(message: str, *, code: str = "invalid_value", param: str | None = None) -> ApiError:
+    return ApiError(400, message, code=code, param=param)
+
+
+def not_found(message: str = "The model is not available locally.", *, param: str | None = "model") -> ApiError:
+    return ApiError(404, message, code="model_not_found", param=param)
+
+
+def error_body(family: str, err: ApiError) -> dict[str, Any]:
+    if family == "decisions":
+        return {"error": {"message": err.message, "type": err.type}}
+    if family == "systemone":
+        return {"error": {"message": err.message, "type": err.type},
+                "detail": {"error_type": err.type, "message": err.message}}
+    return {"error": {"message": err.message, "type": err.type, "param": err.param,
+                      "code": err.code or ("server_error" if err.status >= 500 else "invalid_request")}}

@@ -1,0 +1,26 @@
+"""Server settings: command-line flags over environment variables over defaults."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 28100
+DEFAULT_CONTEXT_LIMIT = 16384
+
+
+def default_models_root() -> Path:
+    return Path(os.environ.get("SWAMA_MODELS") or Path.home() / ".swama" / "models").expanduser()
+
+
+@dataclass
+class Settings:
+    host: str = field(default_factory=lambda: os.environ.get("SWAMA_HOST", DEFAULT_HOST))
+    port: int = field(default_factory=lambda: int(os.environ.get("SWAMA_PORT", DEFAULT_PORT)))
+    api_key: str | None = field(default_factory=lambda: os.environ.get("SWAMA_API_KEY") or None)
+    models_root: Path = field(default_factory=default_models_root)
+    context_limit: int = field(
+        default_factory=lambda: int(os.environ.get("SWAMA_CONTEXT_LIMIT", DEFAULT_CONTEXT_LIMIT)))
+    default_model: str | None = None  # the model `swama serve MODEL` was started with

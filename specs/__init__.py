@@ -1,0 +1,1 @@
+"""swama.specs."""

@@ -1,0 +1,62 @@
+"""Start the real `swama serve` in a subprocess on a free loopback port."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class LiveServer:
+    url: str
+    process: subprocess.Popen
+    log: Path
+
+    @property
+    def v1(self) -> str:
+        return self.url + "/v1"
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+
+
+def start_server(models_root: Path, log: Path, *args: str, env: dict[str, str] | None = None,
+                 timeout: float = 120) -> LiveServer:
+    port = free_port()
+    full_env = {**os.environ, "SWAMA_MODELS": str(models_root), **(env or {})}
+    full_env.pop("SWAMA_API_KEY", None) if "SWAMA_API_KEY" not in (env or {}) else None
+    cmd = [sys.executable, "-m", "swama.handlers.cli", "serve", "--port", str(port), "--log-level", "warning",
+           *args]
+    handle = log.open("wb")
+    proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=full_env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited early:\n{log.read_text(errors='replace')}")
+        try:
+            if httpx.get(url + "/openapi.json", timeout=1).status_code == 200:
+                return LiveServer(url, proc, log)
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"server did not start:\n{log.read_text(errors='replace')}")

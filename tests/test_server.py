@@ -1,0 +1,167 @@
+"""The real server on a loopback port: routes, the merged spec, documented errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import httpx
+import pytest
+import zstandard
+
+from live_server import LiveServer, start_server
+
+POST_ROUTES = ["/v1/chat/completions", "/v1/responses", "/v1/embeddings", "/v1/audio/transcriptions",
+               "/v1/audio/speech", "/v1/decisions", "/v1/systemone"]
+OPENAI_ROUTES = {"/v1/chat/completions", "/v1/responses", "/v1/embeddings", "/v1/audio/transcriptions",
+                 "/v1/audio/speech"}
+MiB = 1024 * 1024
+
+
+def assert_error_shape(path: str, response: httpx.Response) -> str:
+    body = response.json()
+    if path in OPENAI_ROUTES:
+        assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+        assert isinstance(body["error"]["code"], str)
+    elif path == "/v1/decisions":
+        assert body == {"error": {"message": body["error"]["message"], "type": body["error"]["type"]}}
+    else:
+        assert set(body) == {"error", "detail"} and set(body["error"]) == {"message", "type"}
+        assert body["detail"] == {"error_type": body["error"]["type"], "message": body["error"]["message"]}
+    assert body["error"]["type"] == ("invalid_request_error" if response.status_code < 500 else
+                                     body["error"]["type"])
+    return body["error"]["message"]
+
+
+def test_openapi_lists_all_eight_operations(empty_server: LiveServer) -> None:
+    spec = httpx.get(empty_server.url + "/openapi.json").json()
+    ops = {(m.upper(), p) for p, item in spec["paths"].items() for m in item}
+    assert ops == {("GET", "/v1/models")} | {("POST", p) for p in POST_ROUTES}
+    assert spec["openapi"] == "3.1.0"
+
+
+def test_models_is_an_openai_list(empty_server: LiveServer) -> None:
+    assert httpx.get(empty_server.v1 + "/models").json() == {"object": "list", "data": []}
+
+
+@pytest.mark.parametrize("path", POST_ROUTES)
+@pytest.mark.parametrize("body", [b"{bad", b"", b"[1, 2]", b'{"model": NaN}', b"\xff\xfe"])
+def test_bad_json_gets_the_documented_4xx(empty_server: LiveServer, path: str, body: bytes) -> None:
+    headers = {"content-type": "application/json"}
+    if path == "/v1/audio/transcriptions":
+        headers = {"content-type": "multipart/form-data; boundary=x"}
+    r = httpx.post(empty_server.url + path, content=body, headers=headers)
+    assert 400 <= r.status_code < 500, (r.status_code, r.text)
+    assert_error_shape(path, r)
+
+
+@pytest.mark.parametrize("path", [p for p in POST_ROUTES if p != "/v1/audio/transcriptions"])
+def test_wrong_types_get_400(empty_server: LiveServer, path: str) -> None:
+    r = httpx.post(empty_server.url + path, json={"model": 12, "input": {"x": 1}, "messages": 3})
+    assert r.status_code == 400, r.text
+    assert_error_shape(path, r)
+
+
+def test_transcription_needs_multipart(empty_server: LiveServer) -> None:
+    r = httpx.post(empty_server.v1 + "/audio/transcriptions", json={"model": "whisper"})
+    assert r.status_code == 400
+    assert assert_error_shape("/v1/audio/transcriptions", r) == "Content-Type must be multipart/form-data"
+
+
+def test_unknown_field_named_on_decisions(empty_server: LiveServer) -> None:
+    r = httpx.post(empty_server.v1 + "/decisions", json={
+        "model": "m", "input": "x", "questions": [{"type": "predicate", "instructions": "i", "zz": 1}]})
+    assert r.status_code == 400
+    assert "zz" in assert_error_shape("/v1/decisions", r)
+
+
+def test_systemone_body_limit_and_duplicates(empty_server: LiveServer) -> None:
+    url = empty_server.v1 + "/systemone"
+    r = httpx.post(url, content=b" " * (13 * MiB + 1))
+    assert r.status_code == 413
+    assert assert_error_shape("/v1/systemone", r) == "The request body is larger than 13 MiB."
+    assert r.headers["x-typesafe-request-id"].startswith("systemone-")
+    r = httpx.post(url, content=b" " * (13 * MiB))  # exactly at the limit: parsed, then refused as invalid
+    assert r.status_code == 400
+    r = httpx.post(url, content=b'{"model":"m","state":"x","questions":{"a":{},"a":{}}}')
+    assert r.status_code == 400
+    assert assert_error_shape("/v1/systemone", r) == "Duplicate SystemOne object key 'a'."
+    r = httpx.post(url, content=b'{"model":"m","state":"x","questions":{"q":{"type":"noul","instructions":"i",'
+                                b'"criteria":{"true":{"k":1,"\\u006b":2}}}}}')
+    assert r.status_code == 400 and "'k'" in assert_error_shape("/v1/systemone", r)
+
+
+def test_zstd_bodies_are_decoded(empty_server: LiveServer) -> None:
+    body = json.dumps({"model": "m", "state": "x", "questions": {"q": {"type": "noul", "instructions": "i",
+                                                                        "bogus": 1}}}).encode()
+    r = httpx.post(empty_server.v1 + "/systemone", content=zstandard.ZstdCompressor().compress(body),
+                   headers={"content-encoding": "zstd", "content-type": "application/json"})
+    assert r.status_code == 400 and "bogus" in assert_error_shape("/v1/systemone", r)
+    r = httpx.post(empty_server.v1 + "/systemone", content=b"not zstd", headers={"content-encoding": "zstd"})
+    assert r.status_code == 400
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/embeddings", "/v1/audio/speech"])
+def test_valid_requests_to_routes_not_served_yet_get_501_naming_the_route(
+        empty_server: LiveServer, path: str) -> None:
+    payloads = {
+        "/v1/chat/completions": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        "/v1/embeddings": {"model": "m", "input": "hi"},
+        "/v1/audio/speech": {"model": "m", "input": "hi", "voice": "alloy"},
+    }
+    r = httpx.post(empty_server.url + path, json=payloads[path])
+    assert r.status_code == 501
+    assert path in assert_error_shape(path, r)
+
+
+def test_unknown_paths_and_methods(empty_server: LiveServer) -> None:
+    r = httpx.get(empty_server.v1 + "/nothing-here")
+    assert r.status_code == 404 and "nothing-here" in r.json()["error"]["message"]
+    r = httpx.get(empty_server.v1 + "/chat/completions")
+    assert r.status_code == 405 and "GET" in r.json()["error"]["message"]
+
+
+def test_api_key_is_enforced_when_configured(tmp_path) -> None:
+    server = start_server(tmp_path, tmp_path / "log", "--api-key", "sekret")
+    try:
+        assert httpx.get(server.v1 + "/models").status_code == 401
+        assert httpx.get(server.v1 + "/models", headers={"authorization": "Bearer nope"}).status_code == 401
+        ok = httpx.get(server.v1 + "/models", headers={"authorization": "Bearer sekret"})
+        assert ok.status_code == 200
+        r = httpx.post(server.v1 + "/systemone", json={})
+        assert r.status_code == 401 and set(r.json()) == {"error", "detail"}
+    finally:
+        server.stop()
+
+
+def test_cli_help_explains_itself() -> None:
+    out = subprocess.run([sys.executable, "-m", "swama.handlers.cli", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "serve" in out.stdout
+    out = subprocess.run([sys.executable, "-m", "swama.handlers.cli", "serve", "--help"], capture_output=True,
+                         text=True)
+    assert "--host" in out.stdout and "127.0.0.1" in out.stdout and "SWAMA_PORT" in out.stdout
+
+
+def test_binding_all_interfaces_warns(tmp_path) -> None:
+    server = start_server(tmp_path, tmp_path / "log", "--host", "0.0.0.0")
+    try:
+        assert httpx.get(server.v1 + "/models").status_code == 200
+    finally:
+        server.stop()
+    assert "exposes the API" in (tmp_path / "log").read_text()
+
+
+def test_env_port_and_host_defaults(tmp_path) -> None:
+    from swama.handlers.settings import Settings
+
+    assert Settings().host == "127.0.0.1" and Settings().port == 28100
+    import os
+
+    old = dict(os.environ)
+    try:
+        os.environ.update(SWAMA_HOST="127.0.0.2", SWAMA_PORT="28999")
+        assert (Settings().host, Settings().port) == ("127.0.0.2", 28999)
+    finally:
+        os.environ.clear()
+        os.environ.update(old)

@@ -1,0 +1,183 @@
+"""The spec pipeline: pinned documents, the generated code's freshness, extraction and diffs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from swama.tools import codegen, spec_diff, spec_extract
+from swama.tools.spec_sources import SOURCES
+from swama.tools.specs import GENERATED, SPECS
+
+SERVED = {
+    "GET /v1/models", "POST /v1/chat/completions", "POST /v1/responses", "POST /v1/embeddings",
+    "POST /v1/audio/transcriptions", "POST /v1/audio/speech", "POST /v1/decisions", "POST /v1/systemone",
+}
+
+
+def test_generated_is_up_to_date() -> None:
+    assert codegen.check(SPECS, GENERATED) == []
+
+
+def test_hand_edit_of_generated_is_caught(tmp_path: Path) -> None:
+    copy = tmp_path / "generated"
+    shutil.copytree(GENERATED, copy)
+    target = copy / "decisions_models.py"
+    target.write_text(target.read_text().replace('extra="forbid"', 'extra="ignore"', 1))
+    (copy / "stray.py").write_text("x = 1\n")
+    assert codegen.check(SPECS, copy) == ["decisions_models.py", "stray.py"]
+
+
+def test_check_command_exit_codes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from swama.tools import specs
+
+    assert specs.main(["check"]) == 0
+    copy = tmp_path / "generated"
+    shutil.copytree(GENERATED, copy)
+    (copy / "routes.py").write_text((copy / "routes.py").read_text() + "# edited\n")
+    monkeypatch.setattr(specs, "GENERATED", copy)
+    assert specs.main(["check"]) == 1
+
+
+def test_pins_record_every_document() -> None:
+    pins = json.loads((SPECS / "pins.json").read_text())
+    assert {p["document"] for p in pins} == {s.doc for s in SOURCES.values()}
+    ops = set()
+    for pin in pins:
+        for key in ("upstream_repo", "upstream_path", "upstream_commit", "upstream_commit_date", "upstream_sha256"):
+            assert pin[key], key
+        assert pin["sha256"] == spec_extract.sha256_of(SPECS / pin["document"])
+        ops |= set(pin["operations"])
+    assert ops == SERVED
+    decisions = next(p for p in pins if p["document"] == "decisions.yaml")
+    assert "not available" in decisions["note"]
+
+
+def test_pinned_specs_carry_no_upstream_prose() -> None:
+    for name in ("openai.yaml", "decisions.yaml", "systemone.yaml"):
+        text = (SPECS / name).read_text()
+        assert "x-oaiMeta" not in text and "x-stainless" not in text
+        doc = yaml.safe_load(text)
+        # Stripping again changes nothing but our own response-status descriptions.
+        stripped = spec_extract.strip_prose(doc)
+        for item in doc["paths"].values():
+            for op in item.values():
+                assert "description" not in op and "summary" not in op
+                for response in op["responses"].values():
+                    response.pop("description")
+        for item in stripped["paths"].values():
+            for op in item.values():
+                for response in op["responses"].values():
+                    response.pop("description", None)
+        assert stripped == doc
+
+
+def test_systemone_extensions_are_marked() -> None:
+    doc = yaml.safe_load((SPECS / "systemone.yaml").read_text())
+    schemas = doc["components"]["schemas"]
+    request = schemas["SystemOneRequest"]["properties"]
+    assert request["images"]["x-swama-extension"] == "clef"
+    assert request["chat_template_kwargs"]["x-swama-extension"] == "sglang"
+    for answer in ("SystemOneNoulAnswer", "SystemOneChoiceAnswer", "SystemOneScoreAnswer"):
+        assert schemas[answer]["properties"]["x_label_mass"]["x-swama-extension"] == "sglang"
+
+
+UPSTREAM = {
+    "openapi": "3.1.0",
+    "info": {"title": "t", "version": "1", "description": "long prose"},
+    "paths": {
+        "/things": {"post": {
+            "operationId": "createThing", "summary": "prose",
+            "x-oaiMeta": {"examples": {"curl": "..."}},
+            "requestBody": {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Req"}}}},
+            "responses": {"200": {"description": "OK", "content": {"application/json": {
+                "schema": {"$ref": "#/components/schemas/Tool"}}}}, "429": {"description": "slow down"}},
+        }},
+        "/unused": {"get": {"operationId": "unused", "responses": {"200": {"description": "OK"}}}},
+    },
+    "components": {"schemas": {
+        "Req": {"type": "object", "description": "prose", "properties": {
+            "description": {"type": "string", "description": "a field really called description"},
+            "filter": {"$ref": "#/components/schemas/Compound"}}},
+        "Compound": {"type": "object", "properties": {"filters": {"type": "array", "items": {
+            "anyOf": [{"$ref": "#/components/schemas/Leaf"}, {"$recursiveRef": "#"}]}}}},
+        "Leaf": {"type": "object", "properties": {"type": {"type": "string", "enum": ["eq", "ne"]}}},
+        "Tool": {"oneOf": [{"$ref": "#/components/schemas/Search"}, {"$ref": "#/components/schemas/Fn"}],
+                 "discriminator": {"propertyName": "type"}},
+        "Search": {"type": "object", "properties": {"type": {"type": "string",
+                                                             "enum": ["web_search", "web_search_2025"]}}},
+        "Fn": {"type": "object", "properties": {"type": {"type": "string", "const": "function"}}},
+        "Orphan": {"type": "object"},
+        "ErrorResponse": {"type": "object"},
+    }},
+}
+
+
+def test_extraction_on_a_small_upstream_document(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from swama.tools.spec_sources import Operation, Source
+
+    upstream = tmp_path / "up.yaml"
+    upstream.write_text(yaml.safe_dump(UPSTREAM))
+    source = Source(doc="x.yaml", repo="o/r", path="up.yaml", commit="abc", commit_date="2026-01-01",
+                    operations=(Operation("post", "/things", "/v1/things", "things:create"),))
+    doc = spec_extract.load_document(upstream)
+    paths = spec_extract.build_operations(doc, source)
+    components = spec_extract.reachable_components(doc, [paths])
+    out = spec_extract._finish(source, spec_extract._document(source, paths, components, "t", "1"))
+    schemas = out["components"]["schemas"]
+    assert set(schemas) == {"Req", "Compound", "Leaf", "Tool", "Search", "Fn", "ErrorResponse"}
+    assert list(out["paths"]) == ["/v1/things"]
+    op = out["paths"]["/v1/things"]["post"]
+    assert "summary" not in op and "x-oaiMeta" not in op
+    assert op["x-swama-handler"] == "things:create"
+    assert {"200", "400", "404", "413", "500", "501"} <= set(op["responses"]) and "429" not in op["responses"]
+    # A property named `description` survives while prose descriptions go.
+    assert "description" not in schemas["Req"]
+    assert schemas["Req"]["properties"]["description"] == {"type": "string"}
+    assert schemas["Compound"]["properties"]["filters"]["items"]["anyOf"][1] == {
+        "$ref": "#/components/schemas/Compound"}
+    assert schemas["Tool"]["discriminator"]["mapping"] == {
+        "web_search": "#/components/schemas/Search", "web_search_2025": "#/components/schemas/Search",
+        "function": "#/components/schemas/Fn"}
+
+
+def test_spec_diff_reports_added_removed_and_retyped_fields() -> None:
+    old = {"paths": {"/a": {"post": {}}}, "components": {"schemas": {
+        "A": {"type": "object", "required": ["x"], "properties": {
+            "x": {"type": "string"}, "y": {"type": "integer"}, "z": {"type": "number", "maximum": 2}}},
+        "Gone": {"type": "object"}}}}
+    new = {"paths": {"/a": {"post": {}}, "/b": {"get": {}}}, "components": {"schemas": {
+        "A": {"type": "object", "required": ["w"], "properties": {
+            "x": {"type": "integer"}, "w": {"$ref": "#/components/schemas/B"},
+            "z": {"type": "number", "maximum": 3}}},
+        "B": {"type": "object"}}}}
+    lines = spec_diff.diff_documents(old, new)
+    assert lines == [
+        "+ operation GET /b",
+        "+ schema B",
+        "- schema Gone",
+        "~ schema A",
+        "    + w: B (required)",
+        "    - y: integer",
+        "    ~ x: string -> integer",
+        "    ~ x: now optional",
+        "    ~ z: constraints changed",
+    ]
+
+
+def test_diff_command_prints_schema_changes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from swama.tools import specs
+
+    old = tmp_path / "old"
+    shutil.copytree(SPECS, old)
+    doc = yaml.safe_load((old / "decisions.yaml").read_text())
+    del doc["components"]["schemas"]["DecisionCreateRequest"]["properties"]["safety_identifier"]
+    (old / "decisions.yaml").write_text(yaml.safe_dump(doc))
+    specs.main(["diff", str(old)])
+    out = capsys.readouterr().out
+    assert "~ schema DecisionCreateRequest" in out and "+ safety_identifier: string | null" in out
+    assert "== openai.yaml: no schema changes" in out

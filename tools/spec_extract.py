@@ -1,0 +1,363 @@
+"""Turn upstream API descriptions into the pinned documents under specs/.
+
+Each document keeps only the operations we serve and the components they reach, loses upstream
+prose (descriptions, summaries, examples, vendor metadata), gains the error responses we answer
+with, and is pre-processed so datamodel-code-generator reads it correctly (explicit discriminator
+mappings, no $recursiveRef).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from swama.tools.spec_sources import DECISIONS, OPENAI, SYSTEMONE, Source
+
+# Keys that carry prose or vendor metadata rather than structure.
+PROSE_KEYS = {"description", "summary", "example", "examples", "externalDocs", "tags", "x-oaiMeta",
+              "x-oaiExpandable", "x-oaiTypeLabel", "deprecated", "termsOfService", "contact",
+              "x-source", "x-stainless-const", "x-stainless-naming", "x-stainless-go-variant-constructor"}
+# Keys whose children are names (property names, status codes, media types), not keywords.
+NAME_MAP_KEYS = {"properties", "patternProperties", "$defs", "schemas", "responses", "content", "paths",
+                 "securitySchemes", "headers", "encoding", "dependentSchemas", "requestBodies"}
+
+EXTENSION = "x-swama-extension"
+HANDLER = "x-swama-handler"
+
+
+def load_document(path: Path) -> dict[str, Any]:
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        return json.loads(text)
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def strip_prose(node: Any, names: bool = False) -> Any:
+    """Drop prose keywords, keeping property names such as a field called `description`."""
+    if isinstance(node, dict):
+        out = {}
+        for key, value in node.items():
+            if not names and (key in PROSE_KEYS or key.startswith("x-oai") or key.startswith("x-stainless")):
+                continue
+            out[key] = strip_prose(value, names=(not names and key in NAME_MAP_KEYS))
+        return out
+    if isinstance(node, list):
+        return [strip_prose(item) for item in node]
+    return node
+
+
+def _refs(node: Any) -> set[str]:
+    found: set[str] = set()
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "$ref" and isinstance(value, str):
+                found.add(value)
+            else:
+                found |= _refs(value)
+    elif isinstance(node, list):
+        for item in node:
+            found |= _refs(item)
+    return found
+
+
+def _component(doc: dict[str, Any], ref: str) -> tuple[str, str]:
+    match = re.fullmatch(r"#/components/([^/]+)/(.+)", ref)
+    if not match:
+        raise ValueError(f"unsupported $ref {ref!r}")
+    section, name = match.groups()
+    if name not in doc.get("components", {}).get(section, {}):
+        raise ValueError(f"$ref {ref!r} points at nothing")
+    return section, name
+
+
+def reachable_components(doc: dict[str, Any], roots: list[Any]) -> dict[str, dict[str, Any]]:
+    """Every component reachable from `roots`, by section."""
+    seen: dict[str, dict[str, Any]] = {}
+    todo = set().union(*(_refs(r) for r in roots)) if roots else set()
+    while todo:
+        ref = todo.pop()
+        section, name = _component(doc, ref)
+        if name in seen.get(section, {}):
+            continue
+        body = doc["components"][section][name]
+        seen.setdefault(section, {})[name] = body
+        todo |= _refs(body)
+    return seen
+
+
+def replace_recursive_refs(schemas: dict[str, Any]) -> None:
+    """`$recursiveRef: '#'` means "this schema"; the generator needs a plain $ref."""
+
+    def walk(node: Any, owner: str) -> Any:
+        if isinstance(node, dict):
+            if node.get("$recursiveRef") == "#":
+                return {"$ref": f"#/components/schemas/{owner}"}
+            return {k: walk(v, owner) for k, v in node.items() if k != "$recursiveAnchor"}
+        if isinstance(node, list):
+            return [walk(v, owner) for v in node]
+        return node
+
+    for name in list(schemas):
+        schemas[name] = walk(schemas[name], name)
+
+
+def _tag_values(schemas: dict[str, Any], schema: dict[str, Any], prop: str, depth: int = 0) -> list[str]:
+    if depth > 8:
+        return []
+    if "$ref" in schema:
+        target = schemas.get(schema["$ref"].rsplit("/", 1)[-1], {})
+        return _tag_values(schemas, target, prop, depth + 1)
+    spec = schema.get("properties", {}).get(prop)
+    if isinstance(spec, dict):
+        if "$ref" in spec:
+            spec = schemas.get(spec["$ref"].rsplit("/", 1)[-1], {})
+        if "const" in spec:
+            return [spec["const"]]
+        if "enum" in spec:
+            return [v for v in spec["enum"] if isinstance(v, str)]
+    values: list[str] = []
+    for part in schema.get("allOf", []):
+        values += _tag_values(schemas, part, prop, depth + 1)
+    return values
+
+
+def add_discriminator_mappings(schemas: dict[str, Any]) -> int:
+    """Give every discriminated union an explicit mapping entry for every tag value.
+
+    Without one, the generator names a variant's tag after its class, so a variant whose tag has
+    several values (web_search | web_search_2025_08_26) accepts none of them.
+    """
+    changed = 0
+
+    def walk(node: Any) -> None:
+        nonlocal changed
+        if isinstance(node, dict):
+            disc = node.get("discriminator")
+            variants = node.get("oneOf") or node.get("anyOf")
+            if isinstance(disc, dict) and variants:
+                mapping = dict(disc.get("mapping", {}))
+                for variant in variants:
+                    ref = variant.get("$ref")
+                    if not ref:
+                        continue
+                    for value in _tag_values(schemas, variant, disc["propertyName"]):
+                        if value not in mapping:
+                            mapping[value] = ref
+                            changed += 1
+                if mapping:
+                    disc["mapping"] = mapping
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(schemas)
+    return changed
+
+
+def rename_components(doc: dict[str, Any], prefix: str) -> None:
+    """Prefix component names so several documents merge without collisions."""
+    if not prefix:
+        return
+    schemas = doc["components"]["schemas"]
+    renames = {n: n if n.startswith(prefix) else prefix + n for n in schemas}
+    doc["components"]["schemas"] = {renames[n]: body for n, body in schemas.items()}
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            out = {}
+            for key, value in node.items():
+                if key in ("$ref",) and isinstance(value, str) and value.startswith("#/components/schemas/"):
+                    out[key] = "#/components/schemas/" + renames[value.rsplit("/", 1)[-1]]
+                elif key == "mapping" and isinstance(value, dict):
+                    out[key] = {k: "#/components/schemas/" + renames[v.rsplit("/", 1)[-1]] for k, v in value.items()}
+                else:
+                    out[key] = walk(value)
+            return out
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    doc["paths"] = walk(doc["paths"])
+    doc["components"]["schemas"] = walk(doc["components"]["schemas"])
+
+
+ERROR_STATUSES = {
+    "400": "Bad request",
+    "401": "Missing or wrong API key",
+    "404": "Model not installed",
+    "413": "Request body too large",
+    "500": "Server failure",
+    "501": "Not implemented yet",
+}
+
+
+def _error_responses(schema: str, statuses: dict[str, str]) -> dict[str, Any]:
+    ref = {"$ref": f"#/components/schemas/{schema}"}
+    return {code: {"description": text, "content": {"application/json": {"schema": ref}}}
+            for code, text in statuses.items()}
+
+
+def build_operations(doc: dict[str, Any], source: Source) -> dict[str, Any]:
+    paths: dict[str, Any] = {}
+    for op in source.operations:
+        upstream = copy.deepcopy(doc["paths"][op.upstream_path][op.method])
+        upstream.pop("security", None)
+        upstream.pop("parameters", None) if op.method == "get" and not upstream.get("parameters") else None
+        if op.operation_id:
+            upstream["operationId"] = op.operation_id
+        ok = {code: body for code, body in upstream["responses"].items() if code.startswith("2")}
+        statuses = dict(ERROR_STATUSES)
+        if op.method == "get":
+            statuses = {k: v for k, v in statuses.items() if k in ("401", "500")}
+        ok.update(_error_responses(op.error_schema, statuses))
+        upstream["responses"] = ok
+        upstream[HANDLER] = op.handler
+        paths.setdefault(op.path, {})[op.method] = upstream
+    return paths
+
+
+def _document(source: Source, paths: dict[str, Any], components: dict[str, Any], title: str,
+              version: str) -> dict[str, Any]:
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": title, "version": version},
+        "paths": paths,
+        "components": components,
+    }
+
+
+def _finish(source: Source, doc: dict[str, Any]) -> dict[str, Any]:
+    doc = strip_prose(doc)
+    # Our own descriptions of error statuses are not upstream prose; put them back.
+    for item in doc["paths"].values():
+        for op in item.values():
+            for code, body in op["responses"].items():
+                if code in ERROR_STATUSES:
+                    body["description"] = ERROR_STATUSES[code]
+                elif "description" not in body:
+                    body["description"] = "OK"
+    schemas = doc["components"]["schemas"]
+    replace_recursive_refs(schemas)
+    add_discriminator_mappings(schemas)
+    rename_components(doc, source.component_prefix)
+    return doc
+
+
+def extract_openai(upstream: Path) -> dict[str, Any]:
+    doc = load_document(upstream)
+    paths = build_operations(doc, OPENAI)
+    components = reachable_components(doc, [paths])
+    schemas = components.setdefault("schemas", {})
+    for name in ("ErrorResponse", "Error"):
+        schemas[name] = doc["components"]["schemas"][name]
+    out = _document(OPENAI, paths, {"schemas": dict(sorted(schemas.items()))}, "swama: OpenAI-compatible routes",
+                    str(doc["info"]["version"]))
+    return _finish(OPENAI, out)
+
+
+def extract_decisions(upstream: Path) -> dict[str, Any]:
+    doc = load_document(upstream)
+    schemas = doc["components"]["schemas"]
+    for name in ("ErrorResponse", "Error"):
+        schemas.pop(name, None)
+    # The route's documented error envelope: {"error": {"message", "type"}}.
+    schemas["ErrorResponse"] = {
+        "type": "object", "required": ["error"], "additionalProperties": False,
+        "properties": {"error": {
+            "type": "object", "required": ["message", "type"], "additionalProperties": False,
+            "properties": {"message": {"type": "string"}, "type": {"type": "string"}},
+        }},
+    }
+    for op in DECISIONS.operations:
+        doc["paths"][op.upstream_path][op.method]["responses"].pop("400", None)
+    paths = build_operations(doc, DECISIONS)
+    components = reachable_components(doc, [paths])
+    # Answers are never refusals on this server, but the pinned shape keeps the variant.
+    out = _document(DECISIONS, paths, {"schemas": dict(sorted(components["schemas"].items()))},
+                    "swama: OpenAI Decisions", "4a4020d8")
+    return _finish(DECISIONS, out)
+
+
+def extract_systemone(upstream: Path, clef: Path) -> dict[str, Any]:
+    doc = load_document(upstream)
+    schemas = doc["components"]["schemas"]
+    clef_input = load_document(clef)["schema"]["input"]
+    request = schemas["SystemOneRequest"]
+    request["properties"]["images"] = dict(clef_input["properties"]["images"], **{EXTENSION: "clef"})
+    request["properties"]["chat_template_kwargs"] = {
+        EXTENSION: "sglang",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {"enable_thinking": {"const": False}},
+    }
+    for name in ("NoulAnswer", "ChoiceAnswer", "ScoreAnswer"):
+        schemas[name]["properties"]["x_label_mass"] = {"type": "number", EXTENSION: "sglang"}
+    # The server refuses unknown keys inside a question and inside noul criteria.
+    for name in ("NoulQuestion", "ChoiceQuestion", "ScoreQuestion", "NoulCriteria"):
+        schemas[name]["additionalProperties"] = False
+    schemas["ErrorResponse"] = {
+        "type": "object", "required": ["error", "detail"],
+        "properties": {
+            "error": {"type": "object", "required": ["message", "type"],
+                      "properties": {"message": {"type": "string"}, "type": {"type": "string"}}},
+            "detail": {"type": "object", "required": ["error_type", "message"],
+                       "properties": {"error_type": {"type": "string"}, "message": {"type": "string"}}},
+        },
+    }
+    paths = build_operations(doc, SYSTEMONE)
+    components = reachable_components(doc, [paths])
+    out = _document(SYSTEMONE, paths, {"schemas": dict(sorted(components["schemas"].items()))},
+                    "swama: System One", str(doc["info"]["version"]))
+    return _finish(SYSTEMONE, out)
+
+
+def pin_record(source: Source, upstream: Path, produced: Path, extra: dict[str, Path]) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "document": source.doc,
+        "upstream_repo": source.repo,
+        "upstream_path": source.path,
+        "upstream_commit": source.commit,
+        "upstream_commit_date": source.commit_date,
+        "upstream_sha256": sha256_of(upstream),
+        "sha256": sha256_of(produced),
+        "operations": [f"{op.method.upper()} {op.path}" for op in source.operations],
+    }
+    if source.note:
+        record["note"] = source.note
+    for name, path in extra.items():
+        record[f"{name}_sha256"] = sha256_of(path)
+    return record
+
+
+def dump_yaml(doc: dict[str, Any]) -> str:
+    return yaml.dump(doc, sort_keys=False, allow_unicode=True, width=100,
+                     Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper))
+
+
+def extract_all(specs_dir: Path, openai: Path, decisions: Path, systemone: Path, clef: Path) -> list[dict]:
+    """Write specs/*.yaml and specs/pins.json; returns the pin records."""
+    specs_dir.mkdir(parents=True, exist_ok=True)
+    jobs = [
+        (OPENAI, openai, lambda: extract_openai(openai), {}),
+        (DECISIONS, decisions, lambda: extract_decisions(decisions), {}),
+        (SYSTEMONE, systemone, lambda: extract_systemone(systemone, clef), {"clef": clef}),
+    ]
+    pins = []
+    for source, upstream, build, extra in jobs:
+        target = specs_dir / source.doc
+        target.write_text(dump_yaml(build()), encoding="utf-8")
+        pins.append(pin_record(source, upstream, target, extra))
+    (specs_dir / "pins.json").write_text(json.dumps(pins, indent=2) + "\n", encoding="utf-8")
+    return pins

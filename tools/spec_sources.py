@@ -1,0 +1,91 @@
+"""Where each pinned document in specs/ comes from, and what we take from it.
+
+A spec bump edits this file (new commit, new sha256) and reruns `python -m swama.tools.specs bump`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Operation:
+    method: str
+    upstream_path: str
+    path: str  # the path we serve
+    handler: str  # "module:function" under swama.handlers
+    operation_id: str | None = None  # overrides the upstream operationId
+    error_schema: str = "ErrorResponse"
+
+
+@dataclass(frozen=True)
+class Source:
+    doc: str  # file name under specs/
+    repo: str
+    path: str
+    commit: str
+    commit_date: str
+    operations: tuple[Operation, ...]
+    component_prefix: str = ""  # keeps component names unique once the documents are merged
+    note: str = ""
+    extra_inputs: tuple[str, ...] = field(default_factory=tuple)
+
+
+OPENAI = Source(
+    doc="openai.yaml",
+    repo="openai/openai-openapi",
+    path="openapi.yaml",
+    commit="f85dbe223d40e1a31cba812ab2d755c7e98a92a3",
+    commit_date="2026-08-21",
+    operations=(
+        Operation("get", "/models", "/v1/models", "models:list_models"),
+        Operation("post", "/chat/completions", "/v1/chat/completions", "chat:create_chat_completion"),
+        Operation("post", "/responses", "/v1/responses", "responses:create_response"),
+        Operation("post", "/embeddings", "/v1/embeddings", "embeddings:create_embedding"),
+        Operation("post", "/audio/transcriptions", "/v1/audio/transcriptions", "audio:create_transcription"),
+        Operation("post", "/audio/speech", "/v1/audio/speech", "audio:create_speech"),
+    ),
+)
+
+DECISIONS = Source(
+    doc="decisions.yaml",
+    repo="openai/openai-openapi",
+    path="openapi.yaml",
+    commit="4a4020d8",
+    commit_date="2026-10-06",
+    operations=(
+        Operation(
+            "post", "/decisions", "/v1/decisions", "decisions:create_decision",
+        ),
+    ),
+    component_prefix="Decision",
+    note=(
+        "The upstream file at this commit was not available. The document is written from the "
+        "published OpenAI Decisions reference and the server's own contract (1-200 questions, "
+        "2-255 choices, 2-10 levels, safety_identifier <= 128 characters), using a reconstruction "
+        "whose sha256 is recorded as upstream_sha256. Replace it with the real file when it can be had."
+    ),
+)
+
+SYSTEMONE = Source(
+    doc="systemone.yaml",
+    repo="TypeSafe System One API (https://api.typesafe.ai/openapi.json)",
+    path="openapi.json",
+    commit="0.2.0",
+    commit_date="2026-10-04",
+    operations=(
+        Operation(
+            "post", "/v1/systemone", "/v1/systemone", "systemone:create_system_one",
+            operation_id="createSystemOne",
+        ),
+    ),
+    component_prefix="SystemOne",
+    note=(
+        "info.version 0.2.0 as served. Extensions are marked x-swama-extension: `images` "
+        "(Cloudflare Clef, cloudflare/cloudflare-docs clef.json @ 0ae61c0b72577c69ed32bf7867d2e478cee255d0), "
+        "`x_label_mass` and `chat_template_kwargs` (SGLang). Validation errors use 400, not 422."
+    ),
+    extra_inputs=("clef",),
+)
+
+SOURCES = {"openai": OPENAI, "decisions": DECISIONS, "systemone": SYSTEMONE}
