@@ -1,0 +1,646 @@
+"""/v1/systemone request validation (exact messages, Swama's order), the response and error bodies."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from typing import Any
+
+import pytest
+
+from swama.engine.scorer import DecisionError, ScoredAnswer, answer_from_logprobs, build_content, labels_for
+from swama.handlers.decisions_codec import decision_question_view, parse_decision_request
+from swama.handlers.systemone_codec import (
+    MAX_BODY_BYTES,
+    SystemOneQuestion,
+    SystemOneRequest,
+    error_body,
+    parse_systemone_request,
+    render_systemone_response,
+    systemone_question_view,
+)
+
+BLANK = (
+    "Non-empty instructions are required on this decision backend. Supported bounds: a choice needs at least "
+    "two options; a score takes 2 to 10 levels."
+)
+OPTIONS_26 = "Choice questions require 2–26 distinct, valid options."
+OPTIONS_676 = "Choice questions require 2–676 distinct, valid options."
+
+NOUL = {"type": "noul", "instructions": "Is it?"}
+BASE: dict[str, Any] = {"model": "m", "state": "s", "questions": {"q": NOUL}}
+_DROP = object()
+
+
+def body(**changes: Any) -> bytes:
+    request = copy.deepcopy(BASE)
+    for key, value in changes.items():
+        if value is _DROP:
+            request.pop(key, None)
+        else:
+            request[key] = value
+    return json.dumps(request, ensure_ascii=False).encode()
+
+
+def with_question(question: Any) -> bytes:
+    return body(questions={"q": question})
+
+
+def choice(criteria: Any, **extra: Any) -> dict[str, Any]:
+    return {"type": "choice", "instructions": "Which?", "criteria": criteria, **extra}
+
+
+def score(criteria: Any) -> dict[str, Any]:
+    return {"type": "score", "instructions": "How much?", "criteria": criteria}
+
+
+def options(count: int) -> dict[str, None]:
+    return {f"option {i}": None for i in range(count)}
+
+
+def refusal(raw: bytes, status: int = 400) -> str:
+    with pytest.raises(DecisionError) as caught:
+        parse_systemone_request(raw)
+    assert (caught.value.status, caught.value.type) == (status, "invalid_request_error")
+    return caught.value.message
+
+
+# Every refusal, in Swama's wording ------------------------------------------------------------
+
+REFUSALS: list[tuple[str, bytes, str]] = [
+    # JSON
+    ("trailing-comma", b'{"model":"m",}', "Invalid SystemOne request."),
+    ("lone-surrogate", b'{"model":"m","state":"\\udc00","questions":{}}', "Invalid SystemOne request."),
+    ("nan", b'{"model":"m","state":NaN}', "Invalid SystemOne request."),
+    ("empty", b"", "Invalid SystemOne request."),
+    ("not-utf8", b'{"model":"\xff"}', "Invalid SystemOne request."),
+    (
+        "duplicate-top",
+        b'{"model":"m","model":"n","state":"s","questions":{}}',
+        "Duplicate SystemOne object key 'model'.",
+    ),
+    (
+        "duplicate-escaped",
+        b'{"model":"m","state":"s","questions":{"q":{"type":"choice","instructions":"i",'
+        b'"criteria":{"a":1,"\\u0061":2}}}}',
+        "Duplicate SystemOne object key 'a'.",
+    ),
+    (
+        "duplicate-question-id",
+        b'{"model":"m","state":"s","questions":{"q":{},"q":{}}}',
+        "Duplicate SystemOne object key 'q'.",
+    ),
+    (
+        "too-deep",
+        b'{"model":"m","state":' + b"[" * 300 + b"]" * 300 + b"}",
+        "SystemOne JSON is nested too deeply.",
+    ),
+    ("root-array", b"[]", "The SystemOne request must be an object."),
+    ("root-string", b'"x"', "The SystemOne request must be an object."),
+    # top level
+    ("model-missing", body(model=_DROP), "model must be a non-empty string."),
+    ("model-empty", body(model=""), "model must be a non-empty string."),
+    ("model-number", body(model=1), "model must be a non-empty string."),
+    ("state-missing", body(state=_DROP), "state must be text, an object, or an array."),
+    ("state-null", body(state=None), "state must be text, an object, or an array."),
+    ("state-number", body(state=1.5), "state must be text, an object, or an array."),
+    ("state-boolean", body(state=True), "state must be text, an object, or an array."),
+    ("questions-missing", body(questions=_DROP), "questions must be a non-empty map."),
+    ("questions-empty", body(questions={}), "questions must be a non-empty map."),
+    ("questions-array", body(questions=[NOUL]), "questions must be a non-empty map."),
+    ("temperature", body(temperature=1), "temperature is not part of this API; use /v1/decisions for it."),
+    (
+        "temperature-false",
+        body(temperature=False),
+        "temperature is not part of this API; use /v1/decisions for it.",
+    ),
+    (
+        "prompt-format-version",
+        body(prompt_format_version=1),
+        "prompt_format_version is not part of this API; use /v1/decisions for it.",
+    ),
+    (
+        "return-prompt-token-ids",
+        body(return_prompt_token_ids=False),
+        "return_prompt_token_ids is not part of this API; use /v1/decisions for it.",
+    ),
+    (
+        "video",
+        body(video="data:video/mp4;base64,AAAA"),
+        "video is not supported on this backend; send images instead.",
+    ),
+    ("video-empty-list", body(video=[]), "video is not supported on this backend; send images instead."),
+    ("kwargs-string", body(chat_template_kwargs="x"), "chat_template_kwargs must be an object."),
+    ("kwargs-array", body(chat_template_kwargs=[]), "chat_template_kwargs must be an object."),
+    (
+        "kwargs-unknown",
+        body(chat_template_kwargs={"tools": [], "enable_thinking": False, "a": 1}),
+        "Unknown chat_template_kwargs field 'a'.",
+    ),
+    (
+        "kwargs-thinking-true",
+        body(chat_template_kwargs={"enable_thinking": True}),
+        "Decisions require enable_thinking=false.",
+    ),
+    (
+        "kwargs-thinking-null",
+        body(chat_template_kwargs={"enable_thinking": None}),
+        "Decisions require enable_thinking=false.",
+    ),
+    (
+        "kwargs-thinking-string",
+        body(chat_template_kwargs={"enable_thinking": "false"}),
+        "Decisions require enable_thinking=false.",
+    ),
+    (
+        "kwargs-thinking-zero",
+        body(chat_template_kwargs={"enable_thinking": 0}),
+        "Decisions require enable_thinking=false.",
+    ),
+    # question keys
+    ("question-string", with_question("noul"), "question 'q' must be an object."),
+    ("question-unknown", with_question({**NOUL, "name": "n"}), "Unknown question 'q' field 'name'."),
+    (
+        "question-unknown-sorted",
+        with_question({**NOUL, "zeta": 1, "alpha": 1}),
+        "Unknown question 'q' field 'alpha'.",
+    ),
+    ("type-missing", with_question({"instructions": "x"}), "question 'q' type must be a non-empty string."),
+    (
+        "type-empty",
+        with_question({"type": "", "instructions": "x"}),
+        "question 'q' type must be a non-empty string.",
+    ),
+    (
+        "type-number",
+        with_question({"type": 1, "instructions": "x"}),
+        "question 'q' type must be a non-empty string.",
+    ),
+    # instructions
+    (
+        "instructions-number",
+        with_question({"type": "noul", "instructions": 5}),
+        "instructions must be text, an object, an array, or null.",
+    ),
+    (
+        "instructions-boolean",
+        with_question({"type": "noul", "instructions": True}),
+        "instructions must be text, an object, an array, or null.",
+    ),
+    ("instructions-missing", with_question({"type": "noul"}), BLANK),
+    ("instructions-null", with_question({"type": "noul", "instructions": None}), BLANK),
+    ("instructions-empty", with_question({"type": "noul", "instructions": ""}), BLANK),
+    ("instructions-whitespace", with_question({"type": "noul", "instructions": " \n\t"}), BLANK),
+    ("instructions-empty-object", with_question({"type": "choice", "instructions": {}}), BLANK),
+    ("instructions-empty-array", with_question({"type": "score", "instructions": []}), BLANK),
+    # question type
+    (
+        "type-yes-no",
+        with_question({"type": "yes_no", "instructions": "x"}),
+        "Question type must be noul, choice, or score.",
+    ),
+    (
+        "type-predicate",
+        with_question({"type": "predicate", "instructions": "x"}),
+        "Question type must be noul, choice, or score.",
+    ),
+    (
+        "type-box",
+        with_question({"type": "box", "instructions": "x", "criteria": {}}),
+        "Question type must be noul, choice, or score.",
+    ),
+    # noul criteria
+    ("noul-criteria-string", with_question({**NOUL, "criteria": "yes"}), "noul criteria must be an object."),
+    ("noul-criteria-array", with_question({**NOUL, "criteria": []}), "noul criteria must be an object."),
+    (
+        "noul-criteria-unknown",
+        with_question({**NOUL, "criteria": {"true": "a", "yes": 1, "no": 2}}),
+        "Unknown noul criteria field 'no'.",
+    ),
+    (
+        "noul-criteria-yes",
+        with_question({**NOUL, "criteria": {"yes": "a"}}),
+        "Unknown noul criteria field 'yes'.",
+    ),
+    (
+        "noul-true-number",
+        with_question({**NOUL, "criteria": {"true": 1}}),
+        "criteria.true must be text, an object, an array, or null.",
+    ),
+    (
+        "noul-false-boolean",
+        with_question({**NOUL, "criteria": {"true": "a", "false": False}}),
+        "criteria.false must be text, an object, an array, or null.",
+    ),
+    # choice criteria
+    (
+        "choice-criteria-missing",
+        with_question({"type": "choice", "instructions": "x"}),
+        "choice criteria must be a map of names to descriptions.",
+    ),
+    (
+        "choice-criteria-array",
+        with_question(choice(["a", "b"])),
+        "choice criteria must be a map of names to descriptions.",
+    ),
+    (
+        "choice-criteria-null",
+        with_question(choice(None)),
+        "choice criteria must be a map of names to descriptions.",
+    ),
+    ("choice-none", with_question(choice({})), "a choice needs at least two options on this backend."),
+    (
+        "choice-one",
+        with_question(choice({"a": None})),
+        "a choice needs at least two options on this backend.",
+    ),
+    (
+        "choice-256",
+        with_question(choice(options(256))),
+        "This backend supports at most 255 options per choice.",
+    ),
+    (
+        "choice-677",
+        with_question(choice(options(677))),
+        "This backend supports at most 255 options per choice.",
+    ),
+    (
+        "choice-description-number",
+        with_question(choice({"a": None, "b": 2})),
+        "choice description must be text, an object, an array, or null.",
+    ),
+    (
+        "choice-description-boolean",
+        with_question(choice({"a": True, "b": None})),
+        "choice description must be text, an object, an array, or null.",
+    ),
+    ("choice-case-duplicate", with_question(choice({"Billing": None, "billing": None})), OPTIONS_26),
+    ("choice-empty-name", with_question(choice({"": None, "b": None})), OPTIONS_26),
+    ("choice-control-name", with_question(choice({"a\tb": None, "b": None})), OPTIONS_26),
+    ("choice-pair-duplicate", with_question(choice({**options(30), "OPTION 3": None})), OPTIONS_676),
+    # score criteria
+    (
+        "score-criteria-missing",
+        with_question({"type": "score", "instructions": "x"}),
+        "score criteria must be an ordered array.",
+    ),
+    (
+        "score-criteria-object",
+        with_question(score({"0": "low", "1": "high"})),
+        "score criteria must be an ordered array.",
+    ),
+    ("score-one", with_question(score(["only"])), "a score takes 2 to 10 levels on this backend."),
+    ("score-none", with_question(score([])), "a score takes 2 to 10 levels on this backend."),
+    (
+        "score-11",
+        with_question(score([f"l{i}" for i in range(11)])),
+        "a score takes 2 to 10 levels on this backend.",
+    ),
+    (
+        "score-null-level",
+        with_question(score(["a", None])),
+        "Score criteria entries must be non-empty text, objects, or arrays.",
+    ),
+    (
+        "score-empty-level",
+        with_question(score(["", "b"])),
+        "Score criteria entries must be non-empty text, objects, or arrays.",
+    ),
+    (
+        "score-blank-level",
+        with_question(score(["a", "  "])),
+        "Score criteria entries must be non-empty text, objects, or arrays.",
+    ),
+    (
+        "score-empty-object",
+        with_question(score(["a", {}])),
+        "Score criteria entries must be non-empty text, objects, or arrays.",
+    ),
+    (
+        "score-empty-array",
+        with_question(score([[], "b"])),
+        "Score criteria entries must be non-empty text, objects, or arrays.",
+    ),
+    (
+        "score-number-level",
+        with_question(score(["a", 3])),
+        "Score criteria entries must be non-empty text, objects, or arrays.",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"), [(raw, msg) for _, raw, msg in REFUSALS], ids=[c for c, _, _ in REFUSALS]
+)
+def test_refusals(raw: bytes, message: str) -> None:
+    assert refusal(raw) == message
+
+
+# Body size --------------------------------------------------------------------------------------
+
+
+def test_body_over_13_mib_is_413() -> None:
+    assert MAX_BODY_BYTES == 13 * 1024 * 1024
+    assert refusal(b" " * (MAX_BODY_BYTES + 1), status=413) == "The request body is larger than 13 MiB."
+    assert refusal(body() + b" " * MAX_BODY_BYTES, status=413) == "The request body is larger than 13 MiB."
+
+
+def test_exactly_13_mib_is_parsed() -> None:
+    assert refusal(b" " * MAX_BODY_BYTES) == "Invalid SystemOne request."
+    valid = body()
+    padded = valid + b" " * (MAX_BODY_BYTES - len(valid))
+    assert len(padded) == MAX_BODY_BYTES
+    assert parse_systemone_request(padded).model == "m"
+
+
+# Check order --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b'[{"a":1,"a":2}]', "Duplicate SystemOne object key 'a'."),
+        (body(model=_DROP, state=None, questions={}, temperature=1), "model must be a non-empty string."),
+        (body(state=None, questions={}, temperature=1), "state must be text, an object, or an array."),
+        (body(questions={}, temperature=1), "questions must be a non-empty map."),
+        (
+            body(temperature=1, prompt_format_version=1, video="v"),
+            "temperature is not part of this API; use /v1/decisions for it.",
+        ),
+        (
+            body(return_prompt_token_ids=True, prompt_format_version=1),
+            "prompt_format_version is not part of this API; use /v1/decisions for it.",
+        ),
+        (
+            body(video="v", chat_template_kwargs=5),
+            "video is not supported on this backend; send images instead.",
+        ),
+        (body(chat_template_kwargs=5, questions={"q": "x"}), "chat_template_kwargs must be an object."),
+        (
+            body(chat_template_kwargs={"x": 1, "enable_thinking": True}),
+            "Unknown chat_template_kwargs field 'x'.",
+        ),
+        (with_question({"type": "", "instructions": 5, "extra": 1}), "Unknown question 'q' field 'extra'."),
+        (with_question({"type": "", "instructions": 5}), "question 'q' type must be a non-empty string."),
+        (
+            with_question({"type": "yes_no", "instructions": 5}),
+            "instructions must be text, an object, an array, or null.",
+        ),
+        (with_question({"type": "yes_no", "instructions": "  "}), BLANK),
+        (with_question({"type": "yes_no", "criteria": 5}), BLANK),
+        (
+            with_question({"type": "yes_no", "instructions": "x", "criteria": 5}),
+            "Question type must be noul, choice, or score.",
+        ),
+        (with_question(choice({"a": 5})), "a choice needs at least two options on this backend."),
+        (
+            with_question(choice({"A": 5, "a": None})),
+            "choice description must be text, an object, an array, or null.",
+        ),
+        (with_question(score(["a", None] * 6)), "a score takes 2 to 10 levels on this backend."),
+        (body(questions={"a": {"type": "noul"}, "b": "x"}), BLANK),
+        (body(questions={"a": "x", "b": {"type": "noul"}}), "question 'a' must be an object."),
+        (body(questions={"a": choice({"A": None, "a": None}), "b": {"type": "noul"}}), BLANK),
+    ],
+)
+def test_check_order(raw: bytes, message: str) -> None:
+    assert refusal(raw) == message
+
+
+# Accepted requests ----------------------------------------------------------------------------
+
+
+def test_typesafe_sdk_body() -> None:
+    raw = (
+        b'{"state":"I was charged twice. Please help.","model":"my-model","questions":{"billing":'
+        b'{"type":"noul","instructions":"Is this about billing?"},"tone":{"type":"choice",'
+        b'"instructions":"What is the tone?","criteria":{"calm":null,"angry":"An upset message"}},'
+        b'"urgency":{"type":"score","instructions":"How urgent?",'
+        b'"criteria":["Can wait","This week","Today"]}}}'
+    )
+    assert parse_systemone_request(raw) == SystemOneRequest(
+        model="my-model",
+        state="I was charged twice. Please help.",
+        questions=(
+            SystemOneQuestion("billing", "noul", "Is this about billing?"),
+            SystemOneQuestion(
+                "tone", "choice", "What is the tone?", options=(("calm", None), ("angry", "An upset message"))
+            ),
+            SystemOneQuestion("urgency", "score", "How urgent?", levels=("Can wait", "This week", "Today")),
+        ),
+        images=None,
+    )
+
+
+def test_unknown_top_level_fields_are_ignored_and_nulls_accepted() -> None:
+    request = parse_systemone_request(
+        body(
+            assets={"x": 1},
+            extra=[1, 2],
+            temperature=None,
+            prompt_format_version=None,
+            return_prompt_token_ids=None,
+            video=None,
+            chat_template_kwargs=None,
+        )
+    )
+    assert request.model == "m" and len(request.questions) == 1
+    for kwargs in ({}, {"enable_thinking": False}):
+        parse_systemone_request(body(chat_template_kwargs=kwargs))
+
+
+def test_images_are_kept_raw() -> None:
+    assert parse_systemone_request(body()).images is None
+    assert parse_systemone_request(body(images=None)).images is None
+    assert parse_systemone_request(body(images=[])).images == []
+    images = ["data:image/png;base64,AAAA", {"content_type": "image/png", "base64": "AAAA"}]
+    assert parse_systemone_request(body(images=images)).images == images
+    assert parse_systemone_request(body(images="not a list")).images == "not a list"
+
+
+@pytest.mark.parametrize("state", ["", "  ", {}, [], {"a": [1, 2.50]}, [{"b": None}]])
+def test_states(state: Any) -> None:
+    assert parse_systemone_request(body(state=state)).state == state
+
+
+def test_structured_instructions_and_criteria() -> None:
+    question = {"type": "noul", "instructions": ["ask", {"k": 1}], "criteria": {"false": [1], "true": None}}
+    (parsed,) = parse_systemone_request(with_question(question)).questions
+    assert (parsed.instructions, parsed.criteria_true, parsed.criteria_false) == (
+        ["ask", {"k": 1}],
+        None,
+        [1],
+    )
+    (bare,) = parse_systemone_request(with_question({**NOUL, "criteria": None})).questions
+    assert (bare.criteria_true, bare.criteria_false) == (None, None)
+    (empty,) = parse_systemone_request(with_question({**NOUL, "criteria": {}})).questions
+    assert (empty.criteria_true, empty.criteria_false) == (None, None)
+
+
+@pytest.mark.parametrize("count", [2, 26, 27, 151, 255])
+def test_choice_counts_accepted(count: int) -> None:
+    (question,) = parse_systemone_request(with_question(choice(options(count)))).questions
+    assert [name for name, _ in question.options] == list(options(count))
+
+
+@pytest.mark.parametrize("count", [2, 10])
+def test_score_counts_accepted(count: int) -> None:
+    (question,) = parse_systemone_request(with_question(score([f"l{i}" for i in range(count)]))).questions
+    assert len(question.levels) == count
+
+
+def test_question_ids_keep_order_and_may_be_empty() -> None:
+    request = parse_systemone_request(body(questions={"z": NOUL, "": NOUL, "a": NOUL}))
+    assert [q.id for q in request.questions] == ["z", "", "a"]
+
+
+def test_legend_depth() -> None:
+    def nested(depth: int) -> str:
+        return "[" * depth + '"x"' + "]" * depth
+
+    template = (
+        '{{"model":"m","state":"s","questions":'
+        '{{"q":{{"type":"score","instructions":"i","criteria":["a",{0}]}}}}}}'
+    )
+    parse_systemone_request(template.format(nested(200)).encode())
+    assert refusal(template.format(nested(300)).encode()) == "SystemOne JSON is nested too deeply."
+
+
+# Equivalence with /v1/decisions ----------------------------------------------------------------
+
+
+def test_same_prompts_as_the_equivalent_decisions_request() -> None:
+    state = {"ticket": "Refund please", "tags": ["billing"], "amount": 12.50}
+    systemone = parse_systemone_request(
+        json.dumps(
+            {
+                "model": "m",
+                "state": state,
+                "questions": {
+                    "billing": {"type": "noul", "instructions": "Is this about billing?"},
+                    "team": {
+                        "type": "choice",
+                        "instructions": "Which team?",
+                        "criteria": {"billing": None, "sales": "Deals"},
+                    },
+                    "urgency": {"type": "score", "instructions": "How urgent?", "criteria": ["low", "high"]},
+                },
+            }
+        ).encode()
+    )
+    decisions = parse_decision_request(
+        json.dumps(
+            {
+                "model": "m",
+                "input": systemone.state_text,
+                "questions": [
+                    {"type": "predicate", "instructions": "Is this about billing?"},
+                    {
+                        "type": "choice",
+                        "instructions": "Which team?",
+                        "choices": [{"value": "billing"}, {"value": "sales", "description": "Deals"}],
+                    },
+                    {
+                        "type": "score",
+                        "instructions": "How urgent?",
+                        "levels": [{"label": "low"}, {"label": "high"}],
+                    },
+                ],
+            }
+        ).encode()
+    )
+    assert systemone.state_text == '{"ticket":"Refund please","tags":["billing"],"amount":12.5}'
+    for s_question, d_question in zip(systemone.questions, decisions.questions, strict=True):
+        s_view, d_view = systemone_question_view(s_question), decision_question_view(d_question)
+        assert s_view == d_view
+        assert build_content(systemone.state_text, s_view, labels_for(s_view)) == build_content(
+            decisions.input_text, d_view, labels_for(d_view)
+        )
+
+
+# Response -----------------------------------------------------------------------------------
+
+FIXTURE_REQUEST = (
+    b'{"model":"m","state":"","questions":{"pick":{"type":"choice","instructions":"Which?","criteria":'
+    b'{"second":null,"first":"one"}},"lvl":{"type":"score","instructions":"How?",'
+    b'"criteria":[{"urgent":false},["now"]]},'
+    b'"yn":{"type":"noul","instructions":"Is it?"}}}'
+)
+FIXTURE_RESPONSE = (
+    b'{"model":"m","answers":{"pick":{"type":"choice","choice":"second","confidence":0.0,"probabilities":'
+    b'{"second":0.5,"first":0.5},"x_label_mass":0.4},"lvl":{"type":"score","score":0.5,'
+    b'"confidence":0.0,"legend":{"0":{"urgent":false},"1":["now"]},'
+    b'"probabilities":{"0":0.5,"1":0.5},"x_label_mass":0.4},"yn":{"type":"noul",'
+    b'"noul":0.5,"x_label_mass":0.4}},"usage":{"input_tokens":123,"output_tokens":0}}'
+)
+
+
+def test_response_fixture() -> None:
+    request = parse_systemone_request(FIXTURE_REQUEST)
+    lp = [math.log(0.2), math.log(0.2)]
+    answers = [(q, answer_from_logprobs(systemone_question_view(q).kind, lp)) for q in request.questions]
+    wire = render_systemone_response(request.model, answers, 123)
+    assert wire == FIXTURE_RESPONSE
+    assert "confidence" not in json.loads(wire)["answers"]["yn"]
+
+
+def test_legend_echoes_original_json_values() -> None:
+    question = SystemOneQuestion("s", "score", "i", levels=("plain", {"z": 1.50, "a": [True, None]}, ["é"]))
+    answer = answer_from_logprobs("score", [math.log(0.1), math.log(0.1), math.log(0.2)])
+    wire = render_systemone_response("m", [(question, answer)], 1)
+    assert b'"legend":{"0":"plain","1":{"z":1.5,"a":[true,null]},"2":["\xc3\xa9"]}' in wire
+    assert json.loads(wire)["answers"]["s"]["score"] == pytest.approx(1.25)
+
+
+def _answer(kind: str, probabilities: list[float], **fields: Any) -> ScoredAnswer:
+    values = {"choice_index": 0, "score": None, "confidence": None, "mass": 0.5, **fields}
+    return ScoredAnswer(kind=kind, probabilities=tuple(probabilities), **values)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("question", "answer"),
+    [
+        (SystemOneQuestion("n", "noul", "i"), _answer("yes_no", [math.nan, 0.5])),
+        (SystemOneQuestion("n", "noul", "i"), _answer("yes_no", [0.5, 0.5], mass=math.inf)),
+        (SystemOneQuestion("n", "noul", "i"), _answer("score", [0.5, 0.5], score=0.5, confidence=0.0)),
+        (
+            SystemOneQuestion("c", "choice", "i", options=(("a", None), ("b", None))),
+            _answer("choice", [1.0], confidence=1.0),
+        ),
+        (
+            SystemOneQuestion("c", "choice", "i", options=(("a", None), ("b", None))),
+            _answer("choice", [0.5, 0.5]),
+        ),
+        (
+            SystemOneQuestion("s", "score", "i", levels=("a", "b")),
+            _answer("score", [0.5, 0.5], score=math.nan, confidence=0.0),
+        ),
+    ],
+)
+def test_invalid_answers_are_server_errors(question: SystemOneQuestion, answer: ScoredAnswer) -> None:
+    with pytest.raises(DecisionError) as caught:
+        render_systemone_response("m", [(question, answer)], 1)
+    assert (caught.value.status, caught.value.message, caught.value.type) == (
+        500,
+        "The model returned an invalid SystemOne answer.",
+        "server_error",
+    )
+
+
+def test_error_body_carries_both_forms() -> None:
+    assert error_body(400, "state must be text, an object, or an array.") == {
+        "error": {"message": "state must be text, an object, or an array.", "type": "invalid_request_error"},
+        "detail": {
+            "error_type": "invalid_request_error",
+            "message": "state must be text, an object, or an array.",
+        },
+    }
+    assert (
+        error_body(413, "The request body is larger than 13 MiB.")["detail"]["error_type"]
+        == "invalid_request_error"
+    )
+    assert error_body(500, "x") == {
+        "error": {"message": "x", "type": "server_error"},
+        "detail": {"error_type": "server_error", "message": "x"},
+    }
