@@ -1,16 +1,26 @@
-"""The local model store: where installed models live and how they are listed.
+"""The local model store: where installed models live, and installing them atomically.
 
-Layout: {root}/{org}/{model}/ (or {root}/{model}/), each installed model carrying a
-`.swama-meta.json` written last, so a folder without it is not (yet) a model.
+Layout: {root}/{org}/{model}/ (or {root}/{model}/). A model counts as installed only once its
+`.swama-meta.json` exists, and that file is written inside a staging folder that is renamed into
+place as the very last step: an interrupted or failed install leaves no model behind.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from swama.engine import aliases
+
 META = ".swama-meta.json"
+STAGING = ".staging"
+DOWNLOADS = ".downloads"
 
 
 @dataclass(frozen=True)
@@ -19,24 +29,120 @@ class InstalledModel:
     path: Path
     size_in_bytes: int
     created: int
+    source: str = ""
+
+
+class StoreError(Exception):
+    pass
+
+
+class ModelNotInstalled(StoreError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"The model '{name}' is not installed. Install it with: swama pull {name}")
+        self.name = name
 
 
 def _read_meta(folder: Path) -> InstalledModel | None:
     try:
         meta = json.loads((folder / META).read_text(encoding="utf-8"))
         return InstalledModel(id=str(meta["id"]), path=folder, size_in_bytes=int(meta.get("size_in_bytes", 0)),
-                              created=int(meta.get("created", 0)))
+                              created=int(meta.get("created", 0)), source=str(meta.get("source", "")))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
+def folder_size(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and p.name != META)
+
+
 def list_installed(root: Path) -> list[InstalledModel]:
-    """Installed models under `root`, sorted by id; unreadable or half-written folders are skipped."""
+    """Installed models under `root`, sorted by id; half-written and unreadable folders are skipped."""
     found: dict[str, InstalledModel] = {}
     if not root.is_dir():
         return []
     for meta in sorted([*root.glob(f"*/{META}"), *root.glob(f"*/*/{META}")]):
+        if any(part.startswith(".") for part in meta.relative_to(root).parts[:-1]):
+            continue  # staging and download folders
         model = _read_meta(meta.parent)
         if model is not None:
             found.setdefault(model.id, model)
     return sorted(found.values(), key=lambda m: m.id.lower())
+
+
+class ModelStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def folder_for(self, repo_id: str) -> Path:
+        parts = [p for p in repo_id.split("/") if p]
+        if not parts or len(parts) > 2 or any(p in (".", "..") or p.startswith(".") for p in parts):
+            raise StoreError(f"'{repo_id}' is not a valid model id (expected 'org/model' or 'model').")
+        return self.root.joinpath(*parts)
+
+    def list(self) -> list[InstalledModel]:
+        return list_installed(self.root)
+
+    def find(self, name: str) -> InstalledModel | None:
+        """An installed model by alias or id, case-insensitively."""
+        wanted = {name.strip().lower(), aliases.resolve(name).lower()}
+        for model in self.list():
+            if model.id.lower() in wanted:
+                return model
+        return None
+
+    def get(self, name: str) -> InstalledModel:
+        model = self.find(name)
+        if model is None:
+            raise ModelNotInstalled(name)
+        return model
+
+    def staging_folder(self) -> Path:
+        folder = self.root / STAGING / uuid.uuid4().hex
+        folder.mkdir(parents=True)
+        return folder
+
+    def download_folder(self, repo_id: str) -> Path:
+        """A stable per-model folder for resumable downloads (kept across interrupted pulls)."""
+        folder = self.root / DOWNLOADS / repo_id.replace("/", "--")
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
+    def install(self, repo_id: str, build: Callable[[Path], None], source: str) -> InstalledModel:
+        """Run `build(staging)` and move the result into place atomically."""
+        target = self.folder_for(repo_id)
+        staging = self.staging_folder()
+        try:
+            build(staging)
+            meta = {"id": repo_id, "object": "model", "created": int(time.time()), "owned_by": "swama",
+                    "size_in_bytes": folder_size(staging), "path": str(target), "source": source}
+            (staging / META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            old = None
+            if target.exists():
+                old = self.root / STAGING / f"old-{uuid.uuid4().hex}"
+                os.replace(target, old)
+            os.replace(staging, target)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        installed = _read_meta(target)
+        assert installed is not None
+        return installed
+
+    def remove(self, name: str) -> InstalledModel:
+        model = self.get(name)
+        # Un-install first (the meta file goes), then delete: a crash midway leaves no half model listed.
+        trash = self.root / STAGING / f"rm-{uuid.uuid4().hex}"
+        trash.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(model.path, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+        parent = model.path.parent
+        if parent != self.root and parent.is_dir() and not any(parent.iterdir()):
+            parent.rmdir()
+        return model
+
+    def clean_staging(self) -> None:
+        """Remove leftovers of interrupted installs (never a finished model)."""
+        shutil.rmtree(self.root / STAGING, ignore_errors=True)

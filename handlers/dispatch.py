@@ -6,22 +6,26 @@ A handler is `async def handler(call: Call) -> Response | dict`, named in the sp
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import json
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import pydantic
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
+from swama.engine.errors import EngineError
+from swama.engine.scorer import DecisionError
 from swama.handlers.errors import ApiError, bad_request, error_body
 from swama.handlers.settings import Settings
 
 log = logging.getLogger("swama")
+T = TypeVar("T")
 
 MiB = 1024 * 1024
 # Route-specific body limits; everything else gets a generous default so a stray upload cannot
@@ -58,6 +62,10 @@ class Call:
     settings: Settings
     body: bytes = b""
     extra_headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def engine(self) -> Any:
+        return self.request.app.state.engine
 
     def json(self, *, parse: Callable[[bytes], Any] | None = None) -> Any:
         """The body as JSON: NaN/Infinity refused; `parse` lets a route bring a stricter parser."""
@@ -223,6 +231,10 @@ async def dispatch(op: Operation, request: Request) -> Response:
         result = await resolve(op.handler)(call)
     except ApiError as err:
         return error_response(op, err, call.extra_headers)
+    except EngineError as exc:
+        return error_response(op, engine_error(exc), call.extra_headers)
+    except DecisionError as exc:
+        return error_response(op, ApiError(exc.status, exc.message), call.extra_headers)
     except Exception:  # a bug or a backend failure: never leak a traceback, never a bare 500 page
         log.exception("unhandled error in %s", op.operation_id)
         return error_response(op, ApiError(500, "Internal server error.", code="server_error"), call.extra_headers)
@@ -230,6 +242,65 @@ async def dispatch(op: Operation, request: Request) -> Response:
         result.headers.update(call.extra_headers)
         return result
     return JSONResponse(result, headers=call.extra_headers)
+
+
+def engine_error(exc: EngineError) -> ApiError:
+    param = "model" if exc.code == "model_not_found" else None
+    return ApiError(exc.status, exc.message, code=exc.code, param=param)
+
+
+async def _until_disconnected(request: Request, every: float = 0.1) -> None:
+    while not await request.is_disconnected():
+        await asyncio.sleep(every)
+
+
+async def collect_or_cancel(call: Call, events: AsyncIterator[T]) -> AsyncIterator[T]:
+    """Iterate `events` while watching the client: a disconnect stops (and so cancels) the work."""
+    watcher = asyncio.ensure_future(_until_disconnected(call.request))
+    try:
+        iterator = events.__aiter__()
+        while True:
+            step = asyncio.ensure_future(iterator.__anext__())
+            done, _ = await asyncio.wait({step, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if step not in done:
+                step.cancel()
+                await asyncio.gather(step, return_exceptions=True)
+                return
+            try:
+                yield step.result()
+            except StopAsyncIteration:
+                return
+    finally:
+        watcher.cancel()
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+async def start_stream(events: AsyncIterator[T]) -> AsyncIterator[T]:
+    """Wait for the first event so errors before it become plain HTTP errors, then stream the rest."""
+    iterator = events.__aiter__()
+    try:
+        first = await iterator.__anext__()
+    except StopAsyncIteration:
+        return _empty()
+
+    async def rest() -> AsyncIterator[T]:
+        try:
+            yield first
+            async for item in iterator:
+                yield item
+        finally:
+            aclose = getattr(iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    return rest()
+
+
+async def _empty() -> AsyncIterator[Any]:
+    return
+    yield
 
 
 def not_implemented(call: Call, *, validate: bool = True) -> ApiError:

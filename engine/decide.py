@@ -1,0 +1,146 @@
+"""The label scorer on a loaded model: one engine behind /v1/decisions and /v1/systemone.
+
+Every question is prepared and checked before anything is scored (one refusal refuses the whole
+request). Scoring then reads the next-token logits at the answer position. By default the questions
+share one prefill of their common prefix (chat-template header plus the input): the prefix's KV
+state is computed once and each question's suffix is scored from it. `prefix_reuse=False` gives
+every question a fresh cache instead, bit for bit like scoring it alone.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from swama.engine.errors import Cancelled
+from swama.engine.model import LoadedModel
+from swama.engine.scorer import (
+    CHAT_TEMPLATE_REQUIRED,
+    DecisionError,
+    HFLabelTokenizer,
+    QuestionView,
+    ScoredAnswer,
+    answer_from_logits,
+    build_content,
+    check_context,
+    check_no_reasoning_opener,
+    check_reasoning_closed,
+    check_round_trip,
+    find_pair_labels,
+    label_token_ids,
+    labels_for,
+    reasoning_opener_ids,
+)
+
+
+@dataclass(frozen=True)
+class DecisionJob:
+    text: str  # the rendered input (decisions) or state (systemone)
+    questions: Sequence[QuestionView]
+    context_limit: int
+    systemone: bool = False  # context refusals carry the System One capacity phrase
+
+
+@dataclass(frozen=True)
+class PreparedQuestion:
+    view: QuestionView
+    ids: list[int]
+    label_ids: list[int]
+
+
+@dataclass(frozen=True)
+class DecisionResult:
+    answers: list[ScoredAnswer]
+    input_tokens: int
+    shared_prefix_tokens: int  # 0 when every question had its own cache
+
+
+def _render(model: LoadedModel, content: str) -> str:
+    return model.tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
+                                               enable_thinking=False, tokenize=False)
+
+
+def _label_tokenizer(model: LoadedModel) -> HFLabelTokenizer:
+    if "label_tokenizer" not in model.caches:
+        model.caches["label_tokenizer"] = HFLabelTokenizer(model.tokenizer._tokenizer)
+    return model.caches["label_tokenizer"]
+
+
+def _pair_labels(model: LoadedModel) -> Sequence[str] | None:
+    if "pair_labels" not in model.caches:
+        model.caches["pair_labels"] = find_pair_labels(_label_tokenizer(model), lambda c: _render(model, c))
+    return model.caches["pair_labels"]
+
+
+def _opener_ids(model: LoadedModel) -> list[int]:
+    if "opener_ids" not in model.caches:
+        model.caches["opener_ids"] = reasoning_opener_ids(_label_tokenizer(model))
+    return model.caches["opener_ids"]
+
+
+def prepare(model: LoadedModel, job: DecisionJob) -> list[PreparedQuestion]:
+    if not model.has_chat_template:
+        raise DecisionError(400, CHAT_TEMPLATE_REQUIRED)
+    tok = _label_tokenizer(model)
+    prepared = []
+    for view in job.questions:
+        labels = labels_for(view, lambda: _pair_labels(model))
+        content = build_content(job.text, view, labels)
+        prompt = _render(model, content)
+        ids = tok.encode(prompt)
+        check_context(len(ids), job.context_limit, systemone=job.systemone)
+        check_round_trip(tok, ids)
+        check_reasoning_closed(prompt, content)
+        prepared.append(PreparedQuestion(view, ids, label_token_ids(tok, prompt, ids, labels)))
+    return prepared
+
+
+def common_prefix(sequences: Sequence[Sequence[int]]) -> int:
+    """Length of the longest prefix every sequence shares, leaving each at least one token to score."""
+    if not sequences:
+        return 0
+    first, n = sequences[0], min(len(s) for s in sequences) - 1
+    for i in range(max(n, 0)):
+        if any(s[i] != first[i] for s in sequences):
+            return i
+    return max(n, 0)
+
+
+def _last_logits(model: LoadedModel, ids: Sequence[int], cache: Any) -> np.ndarray:
+    import mlx.core as mx
+
+    logits = model.model(mx.array(ids)[None], cache=cache)[0, -1].astype(mx.float32)
+    mx.eval(logits)
+    return np.array(logits, copy=False)
+
+
+def score(model: LoadedModel, job: DecisionJob, cancel: threading.Event, *, prefix_reuse: bool = True
+          ) -> DecisionResult:
+    from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+
+    prepared = prepare(model, job)
+    openers = _opener_ids(model)
+    prefix = common_prefix([q.ids for q in prepared]) if prefix_reuse and len(prepared) > 1 else 0
+    shared = None
+    if prefix > 0:
+        shared = make_prompt_cache(model.model)
+        if not can_trim_prompt_cache(shared):
+            shared, prefix = None, 0  # e.g. sliding-window or recurrent layers: no cheap rewind
+        else:
+            _last_logits(model, prepared[0].ids[:prefix], shared)
+    answers = []
+    for q in prepared:
+        if cancel.is_set():
+            raise Cancelled()
+        if shared is not None:
+            logits = _last_logits(model, q.ids[prefix:], shared)
+            trim_prompt_cache(shared, len(q.ids) - prefix)  # back to the shared prefix
+        else:
+            logits = _last_logits(model, q.ids, make_prompt_cache(model.model))
+        check_no_reasoning_opener(logits, openers)
+        answers.append(answer_from_logits(q.view.kind, logits, q.label_ids))
+    return DecisionResult(answers, sum(len(q.ids) for q in prepared), prefix)

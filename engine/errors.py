@@ -1,0 +1,15 @@
+"""Engine errors carry an HTTP status and a short code; handlers put them in their route's envelope."""
+
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    def __init__(self, status: int, message: str, code: str = "invalid_request") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+
+
+class Cancelled(Exception):
+    """The client went away; the work was stopped."""

@@ -1,0 +1,198 @@
+"""Text generation shared by chat completions and responses.
+
+`generate(model, request, cancel)` runs on a worker thread and yields events: text deltas, whole
+tool calls, then one `Finished`. Stop sequences and tool-call markers are held back until decided,
+so no client ever sees half a stop string or half a call.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from swama.engine.chat_prompt import Prompt, build_prompt, template_renders_tools
+from swama.engine.errors import Cancelled, EngineError
+from swama.engine.model import LoadedModel
+from swama.engine.tool_calls import ToolCall, ToolCallSplitter, tool_format
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 0.6
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float | None = None
+    repetition_context_size: int = 20
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+
+    def check(self) -> None:
+        ok = (self.temperature >= 0 and 0 <= self.top_p <= 1 and self.top_k >= 0 and 0 <= self.min_p <= 1
+              and (self.repetition_penalty is None or self.repetition_penalty >= 0)
+              and self.repetition_context_size > 0
+              and all(p is None or -2 <= p <= 2 for p in (self.presence_penalty, self.frequency_penalty)))
+        if not ok:
+            raise EngineError(400, "Generation options are outside their supported ranges.")
+
+
+@dataclass
+class ChatRequest:
+    messages: list[dict[str, Any]]
+    sampling: Sampling = field(default_factory=Sampling)
+    max_tokens: int | None = None
+    stop: list[str] = field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
+    context_limit: int = 16384
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCallEvent:
+    call: ToolCall
+
+
+@dataclass(frozen=True)
+class Finished:
+    finish_reason: str  # "stop" | "length" | "tool_calls"
+    prompt_tokens: int
+    completion_tokens: int
+    prompt_seconds: float
+    generation_seconds: float
+
+
+Event = TextDelta | ToolCallEvent | Finished
+
+
+def native_tools(model: LoadedModel) -> bool:
+    if "native_tools" not in model.caches:
+        model.caches["native_tools"] = template_renders_tools(model.tokenizer)
+    return model.caches["native_tools"]
+
+
+def prepare(model: LoadedModel, request: ChatRequest) -> Prompt:
+    if not model.has_chat_template:
+        raise EngineError(400, "This model has no chat template; it cannot serve chat requests.")
+    if not request.messages:
+        raise EngineError(400, "Generation requires at least one message.")
+    request.sampling.check()
+    if request.max_tokens is not None and request.max_tokens <= 0:
+        raise EngineError(400, "Generation options are outside their supported ranges.")
+    return build_prompt(model.tokenizer, request.messages, request.tools, request.context_limit,
+                        native_tools(model))
+
+
+class _StopMatcher:
+    """Holds back text that may be the start of a stop sequence."""
+
+    def __init__(self, stops: list[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self.pending = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        self.pending += text
+        hits = [(self.pending.find(s), s) for s in self.stops if s in self.pending]
+        if hits:
+            pos = min(h[0] for h in hits)
+            out, self.pending = self.pending[:pos], ""
+            return out, True
+        keep = 0
+        for s in self.stops:
+            for n in range(min(len(s) - 1, len(self.pending)), 0, -1):
+                if s.startswith(self.pending[-n:]):
+                    keep = max(keep, n)
+                    break
+        out = self.pending[: len(self.pending) - keep]
+        self.pending = self.pending[len(self.pending) - keep:]
+        return out, False
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+def generate(model: LoadedModel, request: ChatRequest, cancel: threading.Event) -> Iterator[Event]:
+    """Run one generation; raises Cancelled when `cancel` is set before it finishes."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+    from mlx_lm.sample_utils import make_logits_processors, make_sampler
+
+    prompt = prepare(model, request)
+    limit_left = request.context_limit - len(prompt.ids)
+    max_tokens = min(request.max_tokens or limit_left, limit_left)
+    s = request.sampling
+    if s.seed is not None:
+        mx.random.seed(s.seed)
+    sampler = make_sampler(temp=s.temperature, top_p=s.top_p if s.top_p < 1 else 0.0, min_p=s.min_p,
+                           top_k=s.top_k)
+    processors = make_logits_processors(
+        repetition_penalty=s.repetition_penalty, repetition_context_size=s.repetition_context_size,
+        presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty)
+    detok = model.tokenizer.detokenizer
+    splitter = ToolCallSplitter(tool_format(model.tokenizer), request.tools) if request.tools else None
+    stopper = _StopMatcher(request.stop)
+    start = time.perf_counter()
+    first_token_at: float | None = None
+    n = 0
+    finish = "length"
+    saw_call = False
+    stop_hit = False
+
+    def emit(text: str) -> Iterator[Event]:
+        nonlocal saw_call
+        if splitter is not None:
+            text, calls = splitter.feed(text)
+            for call in calls:
+                saw_call = True
+                yield ToolCallEvent(call)
+        if text:
+            yield TextDelta(text)
+
+    steps = generate_step(mx.array(prompt.ids), model.model, max_tokens=max_tokens, sampler=sampler,
+                          logits_processors=processors, max_kv_size=request.context_limit)
+    try:
+        for token, _ in steps:
+            if cancel.is_set():
+                raise Cancelled()
+            if first_token_at is None:
+                first_token_at = time.perf_counter()
+            token = int(token)
+            if token in model.eos_ids:
+                finish = "stop"
+                break
+            n += 1
+            detok.add_token(token)
+            text, stopped = stopper.feed(detok.last_segment)
+            yield from emit(text)
+            if stopped:
+                finish, stop_hit = "stop", True
+                break
+        else:
+            finish = "length" if n >= max_tokens else "stop"
+    finally:
+        steps.close()
+    if cancel.is_set():
+        raise Cancelled()
+    detok.finalize()
+    if not stop_hit:
+        tail, stop_hit = stopper.feed(detok.last_segment)
+        yield from emit(tail if stop_hit else tail + stopper.flush())
+    if splitter is not None:
+        text, calls = splitter.finish()
+        if text:
+            yield TextDelta(text)
+        for call in calls:
+            saw_call = True
+            yield ToolCallEvent(call)
+    end = time.perf_counter()
+    first_token_at = first_token_at or end
+    yield Finished("tool_calls" if saw_call else finish, len(prompt.ids), n,
+                   first_token_at - start, end - first_token_at)

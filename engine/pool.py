@@ -1,0 +1,132 @@
+"""The model pool: load on first use, share concurrent loads, FIFO slots per model, idle eviction.
+
+- A model is loaded once; concurrent requests for it wait on the same load.
+- Work on one model runs one operation at a time, in arrival order; other models are not blocked.
+- At most `max_concurrent` operations run at once across all models (FIFO as well).
+- A model idle for `idle_seconds` is evicted and its memory released.
+- A waiter that is cancelled (its client went away) leaves the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from swama.engine.model import LoadedModel, load_language_model
+from swama.engine.store import ModelStore
+
+log = logging.getLogger("swama.pool")
+
+
+@dataclass
+class _Entry:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    loading: asyncio.Future[LoadedModel] | None = None
+    model: LoadedModel | None = None
+    last_used: float = field(default_factory=time.monotonic)
+    active: int = 0
+
+
+class ModelPool:
+    def __init__(self, store: ModelStore, *, idle_seconds: float = 300, max_concurrent: int = 3,
+                 loader: Callable[[str, object], LoadedModel] = load_language_model) -> None:
+        self.store = store
+        self.idle_seconds = idle_seconds
+        self.loader = loader
+        self._slots = asyncio.Semaphore(max_concurrent)
+        self._entries: dict[str, _Entry] = {}
+        self._reaper: asyncio.Task[None] | None = None
+
+    def loaded(self) -> list[str]:
+        return [k for k, e in self._entries.items() if e.model is not None]
+
+    async def _load(self, model_id: str, entry: _Entry) -> LoadedModel:
+        if entry.model is not None:
+            return entry.model
+        if entry.loading is None:
+            installed = self.store.get(model_id)
+            loop = asyncio.get_running_loop()
+            entry.loading = loop.create_future()
+
+            async def run() -> None:
+                try:
+                    model = await asyncio.to_thread(self.loader, installed.id, installed.path)
+                except BaseException as exc:  # every waiter sees the failure; the next request retries
+                    entry.loading.set_exception(exc)
+                    entry.loading.exception()  # mark retrieved
+                    entry.loading = None
+                    return
+                entry.model = model
+                entry.loading.set_result(model)
+                log.info("loaded %s", installed.id)
+
+            asyncio.ensure_future(run())
+        # shield: one waiter's cancellation must not cancel the shared load
+        return await asyncio.shield(entry.loading)
+
+    @contextlib.asynccontextmanager
+    async def use(self, name: str) -> AsyncIterator[LoadedModel]:
+        """Hold `name` exclusively (FIFO) for one operation."""
+        installed = self.store.get(name)  # ModelNotInstalled before any waiting
+        self._ensure_reaper()
+        entry = self._entries.setdefault(installed.id, _Entry())
+        entry.active += 1
+        try:
+            async with entry.lock, self._slots:
+                model = await self._load(installed.id, entry)
+                entry.last_used = time.monotonic()
+                try:
+                    yield model
+                finally:
+                    entry.last_used = time.monotonic()
+        finally:
+            entry.active -= 1
+
+    def _ensure_reaper(self) -> None:
+        if self._reaper is None or self._reaper.done():
+            self._reaper = asyncio.ensure_future(self._reap_forever())
+
+    async def _reap_forever(self) -> None:
+        interval = max(0.5, min(60.0, self.idle_seconds / 4))
+        while True:
+            await asyncio.sleep(interval)
+            self.evict_idle()
+
+    def evict_idle(self, now: float | None = None) -> list[str]:
+        now = time.monotonic() if now is None else now
+        evicted = []
+        for model_id, entry in list(self._entries.items()):
+            if entry.model is not None and entry.active == 0 and now - entry.last_used >= self.idle_seconds:
+                self._drop(model_id)
+                evicted.append(model_id)
+        return evicted
+
+    def _drop(self, model_id: str) -> None:
+        entry = self._entries.pop(model_id, None)
+        if entry is not None:
+            entry.model = None
+        gc.collect()
+        try:
+            import mlx.core as mx
+
+            mx.clear_cache()
+        except Exception:  # pragma: no cover - best effort
+            pass
+        log.info("evicted %s", model_id)
+
+    def forget(self, model_id: str) -> None:
+        """Drop a model (after `swama rm`, say) unless it is in use."""
+        entry = self._entries.get(model_id)
+        if entry is not None and entry.active == 0:
+            self._drop(model_id)
+
+    async def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+        for model_id in list(self._entries):
+            self._drop(model_id)

@@ -1,0 +1,127 @@
+"""The engine as the handlers see it: one object holding the store and the pool, with async entry points.
+
+MLX work runs on a worker thread per operation while the event loop keeps serving; closing the
+event stream early (a client that went away) cancels the work and frees the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from swama.engine import aliases
+from swama.engine.decide import DecisionJob, DecisionResult, score
+from swama.engine.errors import Cancelled, EngineError
+from swama.engine.generator import ChatRequest, Event, generate
+from swama.engine.model import LoadedModel
+from swama.engine.pool import ModelPool
+from swama.engine.store import ModelNotInstalled, ModelStore
+
+T = TypeVar("T")
+_DONE = object()
+
+
+@dataclass
+class EngineOptions:
+    models_root: Path
+    context_limit: int = 16384
+    idle_seconds: float = 300
+    max_concurrent: int = 3
+    decision_prefix_reuse: bool = True
+
+
+class _Failure:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+async def iterate_in_thread(make: Callable[[threading.Event], Iterator[T]]) -> AsyncIterator[T]:
+    """Run a blocking iterator on its own thread, yielding its items on the event loop."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+    cancel = threading.Event()
+
+    def worker() -> None:
+        try:
+            for item in make(cancel):
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            loop.call_soon_threadsafe(queue.put_nowait, _DONE)
+        except BaseException as exc:  # handed to the consumer, raised there
+            loop.call_soon_threadsafe(queue.put_nowait, _Failure(exc))
+
+    thread = threading.Thread(target=worker, name="swama-worker", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = await queue.get()
+            if item is _DONE:
+                return
+            if isinstance(item, _Failure):
+                raise item.exc
+            yield item
+    finally:
+        cancel.set()
+        # The model stays reserved until its worker really stopped.
+        await asyncio.shield(asyncio.to_thread(thread.join))
+
+
+class Engine:
+    def __init__(self, options: EngineOptions) -> None:
+        self.options = options
+        self.store = ModelStore(options.models_root)
+        self.pool = ModelPool(self.store, idle_seconds=options.idle_seconds,
+                              max_concurrent=options.max_concurrent)
+
+    def resolve(self, name: str) -> str:
+        """The installed model id for `name`; 404 when it is not installed (the server never downloads)."""
+        if not isinstance(name, str) or not name.strip():
+            raise EngineError(400, "Model identifier is invalid.")
+        model = self.store.find(name)
+        if model is None:
+            raise EngineError(404, "The model is not available locally.", "model_not_found")
+        return model.id
+
+    def check_language_model(self, name: str) -> None:
+        if aliases.is_audio_model(name):
+            raise EngineError(400, f"Model '{name}' is an audio model; it cannot serve text generation.")
+
+    async def chat(self, name: str, request: ChatRequest) -> AsyncIterator[Event]:
+        """Events of one generation. Stop iterating (or `aclose()`) to cancel it."""
+        model_id = self.resolve(name)
+        self.check_language_model(name)
+        try:
+            async with self.pool.use(model_id) as model:
+                async for event in iterate_in_thread(lambda cancel: generate(model, request, cancel)):
+                    yield event
+        except ModelNotInstalled:
+            raise EngineError(404, "The model is not available locally.", "model_not_found") from None
+        except Cancelled:
+            return
+
+    async def run(self, name: str, work: Callable[[LoadedModel, threading.Event], T]) -> AsyncIterator[T]:
+        """One blocking operation on a model in its FIFO slot, as a one-item stream (closing it cancels)."""
+        model_id = self.resolve(name)
+
+        def once(cancel: threading.Event) -> Iterator[T]:
+            yield work(model, cancel)
+
+        try:
+            async with self.pool.use(model_id) as model:
+                async for result in iterate_in_thread(once):
+                    yield result
+        except ModelNotInstalled:
+            raise EngineError(404, "The model is not available locally.", "model_not_found") from None
+        except Cancelled:
+            return
+
+    def decide(self, name: str, job: DecisionJob) -> AsyncIterator[DecisionResult]:
+        """Score decision questions (the label scorer shared by /v1/decisions and /v1/systemone)."""
+        reuse = self.options.decision_prefix_reuse
+        return self.run(name, lambda model, cancel: score(model, job, cancel, prefix_reuse=reuse))
+
+    async def close(self) -> None:
+        await self.pool.close()

