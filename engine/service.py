@@ -32,6 +32,7 @@ class EngineOptions:
     idle_seconds: float = 300
     max_concurrent: int = 3
     decision_prefix_reuse: bool = True
+    default_max_tokens: int | None = None
 
 
 class _Failure:
@@ -93,6 +94,8 @@ class Engine:
         """Events of one generation. Stop iterating (or `aclose()`) to cancel it."""
         model_id = self.resolve(name)
         self.check_language_model(name)
+        if request.max_tokens is None:
+            request.max_tokens = self.options.default_max_tokens
         try:
             async with self.pool.use(model_id) as model:
                 async for event in iterate_in_thread(lambda cancel: generate(model, request, cancel)):

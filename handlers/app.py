@@ -64,7 +64,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     engine = Engine(EngineOptions(models_root=settings.models_root, context_limit=settings.context_limit,
                                   idle_seconds=settings.idle_seconds,
-                                  decision_prefix_reuse=settings.decision_prefix_reuse))
+                                  decision_prefix_reuse=settings.decision_prefix_reuse,
+                                  default_max_tokens=settings.default_max_tokens))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -83,6 +84,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         # Unknown paths and methods: the same envelope as the routes, never an HTML page.
+        path = request.url.path
+        if path.startswith("/v1/responses/") and exc.status_code in (404, 405):
+            # Nothing is stored, so there is no retrieve, cancel or delete by id.
+            message = ("Responses are not stored on this server; there is no retrieve, cancel or delete "
+                       f"by response id ({request.method} {path}).")
+            err = ApiError(404, message, code="not_found")
+            return JSONResponse(error_body("openai", err), status_code=404)
         if exc.status_code == 405:
             message = f"{request.method} is not allowed on {request.url.path}."
         elif exc.status_code == 404:

@@ -35,6 +35,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         settings.api_key = args.api_key
     if args.context_limit is not None:
         settings.context_limit = args.context_limit
+    if args.max_tokens is not None:
+        settings.default_max_tokens = args.max_tokens
+    if args.no_decision_prefix_cache:
+        settings.decision_prefix_reuse = False
     settings.default_model = args.model
     if args.model:
         from swama.engine.sources import pull
@@ -141,6 +145,13 @@ def build_parser() -> argparse.ArgumentParser:
                             "none of ours (e.g. System One's jev-latest)")
     serve.add_argument("--context-limit", "--num-ctx", type=int, default=None,
                        help="default context limit in tokens (default 16384, env SWAMA_CONTEXT_LIMIT)")
+    serve.add_argument("--max-tokens", type=int, default=None,
+                       help="cap for generations that ask for no limit (default: the context limit; "
+                            "env SWAMA_MAX_TOKENS)")
+    serve.add_argument("--no-decision-prefix-cache", action="store_true",
+                       help="score every decision question from a fresh cache (bit-exact repeats of single "
+                            "questions) instead of sharing one prefill of the common prefix; env "
+                            "SWAMA_DECISION_PREFIX_CACHE=0")
     serve.set_defaults(func=cmd_serve)
 
     run = sub.add_parser("run", help="generate a reply to one prompt",

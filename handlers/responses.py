@@ -1,9 +1,79 @@
-"""POST /v1/responses."""
+"""POST /v1/responses: the stateless subset, over the same generator as chat completions."""
 
 from __future__ import annotations
 
-from swama.handlers.dispatch import Call, not_implemented
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Response
+from fastapi.responses import StreamingResponse
+
+from swama.engine.errors import EngineError
+from swama.engine.generator import Finished
+from swama.handlers.dispatch import Call, collect_or_cancel, start_stream
+from swama.handlers.errors import ApiError, bad_request
+from swama.handlers.responses_codec import (
+    ResponseRequest,
+    empty_body_error,
+    invalid_json_error,
+    not_object_error,
+    parse_response_request,
+)
+from swama.handlers.responses_events import (
+    SSE_HEADERS,
+    SSE_MEDIA_TYPE,
+    ResponseStream,
+    final_response,
+    sse_frame,
+)
+
+IMAGES_NEED_VISION = "Images are not supported by this model; it has no vision processor."
 
 
-async def create_response(call: Call) -> None:
-    raise not_implemented(call)
+def _parse(call: Call) -> ResponseRequest:
+    if not call.body.strip():
+        raise empty_body_error()
+    try:
+        data = json.loads(call.body, parse_constant=_refuse)
+    except (ValueError, RecursionError) as exc:
+        raise invalid_json_error(str(exc)) from None
+    if not isinstance(data, dict):
+        raise not_object_error()
+    return parse_response_request(data, context_limit=call.settings.context_limit)
+
+
+def _refuse(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+async def create_response(call: Call) -> Response | dict[str, Any]:
+    request = _parse(call)
+    engine = call.engine
+    engine.resolve(request.model)
+    engine.check_language_model(request.model)
+    if request.images:
+        raise bad_request(IMAGES_NEED_VISION, code="invalid_image")
+    events = engine.chat(request.model, request.chat)
+    if request.stream:
+        events = await start_stream(events)  # errors before the first token stay plain HTTP errors
+        return StreamingResponse(_sse(request, events), media_type=SSE_MEDIA_TYPE, headers=SSE_HEADERS)
+    collected = [event async for event in collect_or_cancel(call, events)]
+    if not collected or not isinstance(collected[-1], Finished):
+        raise ApiError(499, "The client closed the request.", code="cancelled")
+    return final_response(request, collected)
+
+
+async def _sse(request: ResponseRequest, events: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+    stream = ResponseStream(request)
+    for frame in stream.start():
+        yield sse_frame(*frame)
+    try:
+        async for event in events:
+            for frame in stream.feed(event):
+                yield sse_frame(*frame)
+    except EngineError as exc:
+        for frame in stream.failed(exc.message):
+            yield sse_frame(*frame)
+    finally:
+        await events.aclose()

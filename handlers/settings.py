@@ -24,6 +24,9 @@ class Settings:
     context_limit: int = field(
         default_factory=lambda: int(os.environ.get("SWAMA_CONTEXT_LIMIT", DEFAULT_CONTEXT_LIMIT)))
     default_model: str | None = None  # the model `swama serve MODEL` was started with
+    # A cap for generations that set no max_tokens / max_output_tokens (None: up to the context limit).
+    default_max_tokens: int | None = field(
+        default_factory=lambda: int(os.environ["SWAMA_MAX_TOKENS"]) if os.environ.get("SWAMA_MAX_TOKENS") else None)
     idle_seconds: float = field(default_factory=lambda: float(os.environ.get("SWAMA_IDLE_SECONDS", 300)))
     # Decisions share one prefill of the common prefix across questions; off = a fresh cache each.
     decision_prefix_reuse: bool = field(

@@ -1,0 +1,152 @@
+"""/v1/responses on a live server with real SmolLM2 weights: the openai SDK and the Codex CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from live_server import LiveServer, start_server
+from swama.generated import openai_models as om
+
+SMOL = "smollm2"
+CODEX_VERSION = "0.171.0"
+
+
+@pytest.fixture(scope="module")
+def client(model_server: LiveServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=model_server.v1, api_key="sk-local", max_retries=0, timeout=300)
+
+
+def test_non_streaming_response(client: openai.OpenAI, model_server: LiveServer) -> None:
+    r = client.responses.create(model=SMOL, input="What is the capital of France?", temperature=0,
+                                max_output_tokens=30, instructions="Answer in one sentence.")
+    assert "Paris" in r.output_text and r.status == "completed" and r.id.startswith("resp_")
+    assert r.usage.input_tokens > 10 and r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+    raw = httpx.post(model_server.v1 + "/responses", timeout=300, json={
+        "model": SMOL, "input": "Say hi.", "max_output_tokens": 3}).json()
+    om.Response.model_validate(raw)
+    assert raw["status"] == "incomplete" and raw["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
+def parse_sse(text: str) -> list[tuple[str, dict]]:
+    events = []
+    for block in text.strip().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.splitlines())
+        events.append((lines["event"], json.loads(lines["data"])))
+    return events
+
+
+def test_streaming_events_validate_and_count_up(model_server: LiveServer) -> None:
+    r = httpx.post(model_server.v1 + "/responses", timeout=300, json={
+        "model": SMOL, "input": [{"role": "developer", "content": "Be brief."},
+                                 {"role": "user", "content": [{"type": "input_text", "text": "Capital of France?"}]}],
+        "stream": True, "temperature": 0, "max_output_tokens": 30})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    assert "[DONE]" not in r.text
+    events = parse_sse(r.text)
+    for name, payload in events:
+        assert payload["type"] == name
+        om.ResponseStreamEvent.model_validate(payload)
+    assert [p["sequence_number"] for _, p in events] == list(range(len(events)))
+    names = [n for n, _ in events]
+    assert names[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert names[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.completed"]
+    text = "".join(p["delta"] for n, p in events if n == "response.output_text.delta")
+    assert "Paris" in text and events[-1][1]["response"]["output"][0]["content"][0]["text"] == text
+
+
+def test_sdk_streaming(client: openai.OpenAI) -> None:
+    events = list(client.responses.create(model=SMOL, input="What is the capital of France?", temperature=0,
+                                          instructions="Answer in one sentence.", max_output_tokens=40,
+                                          stream=True))
+    assert events[0].type == "response.created" and events[-1].type in ("response.completed",
+                                                                        "response.incomplete")
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert "Paris" in text and events[-1].response.output_text == text
+
+
+def test_function_call_round_trip(client: openai.OpenAI) -> None:
+    tools = [{"type": "function", "name": "get_weather", "description": "Weather for a city",
+              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}, "strict": False}]
+    r = client.responses.create(model=SMOL, tools=tools, temperature=0, max_output_tokens=60, input=[
+        {"role": "user", "content": "What's the weather in Paris?"},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city":"Paris"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "18 degrees and sunny"},
+    ])
+    assert r.status in ("completed", "incomplete")
+    assert r.tools[0].name == "get_weather" and r.parallel_tool_calls is False
+    calls = [item for item in r.output if item.type == "function_call"]
+    for call in calls:
+        assert call.name == "get_weather" and isinstance(json.loads(call.arguments), dict)
+    assert r.output_text or calls
+
+
+@pytest.mark.parametrize(("body", "code"), [
+    ({"store": True}, "unsupported_parameter"),
+    ({"previous_response_id": "resp_1"}, "unsupported_parameter"),
+    ({"metadata": {}}, "unsupported_parameter"),
+    ({"tools": [{"type": "namespace", "name": "multi_agent_v1"}]}, "unsupported_parameter"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image",
+                                              "image_url": "data:image/png;base64,iVBORw0KGgo="}]}]}, "invalid_image"),
+    ({"temperature": "hot"}, "invalid_value"),
+])
+def test_refusals(model_server: LiveServer, body: dict, code: str) -> None:
+    r = httpx.post(model_server.v1 + "/responses", timeout=60, json={"model": SMOL, "input": "hi", **body})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == code and r.json()["error"]["param"] is None
+
+
+def test_nothing_is_stored(model_server: LiveServer) -> None:
+    for method, path in (("GET", "/responses/resp_123"), ("DELETE", "/responses/resp_123"),
+                         ("POST", "/responses/resp_123/cancel")):
+        r = httpx.request(method, model_server.v1 + path)
+        assert r.status_code == 404 and "not stored" in r.json()["error"]["message"]
+
+
+@pytest.fixture(scope="session")
+def codex(model_cache_dir: Path) -> Path:
+    """The Codex CLI from npm, installed into the test cache (a failure here is a set-up failure)."""
+    prefix = model_cache_dir.parent / "codex"
+    binary = prefix / "node_modules" / ".bin" / "codex"
+    if not binary.exists():
+        npm = shutil.which("npm")
+        if npm is None:
+            pytest.fail("set-up failure: npm is not installed, so the Codex CLI cannot be installed")
+        out = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(prefix),
+                              f"@openai/codex@{CODEX_VERSION}"], capture_output=True, text=True, timeout=600)
+        if out.returncode != 0:
+            pytest.fail(f"set-up failure: npm could not install @openai/codex:\n{out.stderr[-2000:]}")
+    return binary
+
+
+def test_codex_cli_end_to_end(codex: Path, model_store: Path, tmp_path: Path) -> None:
+    server = start_server(model_store, tmp_path / "server.log", "smollm2", "--max-tokens", "1024")
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        'model = "smollm2"\nmodel_provider = "localmlx"\n'
+        "[model_providers.localmlx]\n"
+        'name = "Local MLX server"\n'
+        f'base_url = "{server.v1}"\n'
+        'wire_api = "responses"\n'
+        'env_key = "LOCALMLX_API_KEY"\n')
+    try:
+        out = subprocess.run(
+            [str(codex), "exec", "--skip-git-repo-check", "-s", "read-only", "--disable", "multi_agent",
+             "Reply with PONG"],
+            capture_output=True, text=True, timeout=900, cwd=tmp_path, stdin=subprocess.DEVNULL,
+            env={**os.environ, "CODEX_HOME": str(home), "LOCALMLX_API_KEY": "sk-local"})
+    finally:
+        server.stop()
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert out.stdout.strip(), out.stderr[-3000:]  # the model's answer
+    assert "tokens used" in out.stderr + out.stdout
