@@ -118,29 +118,62 @@ def _last_logits(model: LoadedModel, ids: Sequence[int], cache: Any) -> np.ndarr
     return np.array(logits, copy=False)
 
 
+class DecisionRun:
+    """One request's scoring, in steps: `start()` prepares every question and prefills the shared
+    prefix; `score_next()` scores one question. Between steps the model can serve other requests
+    (the KV state of the prefix belongs to this run), which is how concurrent requests share a
+    model fairly."""
+
+    def __init__(self, model: LoadedModel, job: DecisionJob, *, prefix_reuse: bool = True) -> None:
+        self.model, self.job, self.prefix_reuse = model, job, prefix_reuse
+        self.prepared: list[PreparedQuestion] = []
+        self.answers: list[ScoredAnswer] = []
+        self.prefix = 0
+        self._shared: Any = None
+
+    @property
+    def done(self) -> bool:
+        return len(self.answers) == len(self.prepared)
+
+    def start(self) -> None:
+        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+
+        self.prepared = prepare(self.model, self.job)
+        _opener_ids(self.model)
+        if self.prefix_reuse and len(self.prepared) > 1:
+            self.prefix = common_prefix([q.ids for q in self.prepared])
+        if self.prefix > 0:
+            self._shared = make_prompt_cache(self.model.model)
+            if not can_trim_prompt_cache(self._shared):
+                self._shared, self.prefix = None, 0  # e.g. sliding-window or recurrent layers
+            else:
+                _last_logits(self.model, self.prepared[0].ids[: self.prefix], self._shared)
+
+    def score_next(self) -> ScoredAnswer:
+        from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+
+        q = self.prepared[len(self.answers)]
+        if self._shared is not None:
+            logits = _last_logits(self.model, q.ids[self.prefix:], self._shared)
+            trim_prompt_cache(self._shared, len(q.ids) - self.prefix)  # back to the shared prefix
+        else:
+            logits = _last_logits(self.model, q.ids, make_prompt_cache(self.model.model))
+        check_no_reasoning_opener(logits, _opener_ids(self.model))
+        answer = answer_from_logits(q.view.kind, logits, q.label_ids)
+        self.answers.append(answer)
+        return answer
+
+    def result(self) -> DecisionResult:
+        return DecisionResult(self.answers, sum(len(q.ids) for q in self.prepared), self.prefix)
+
+
 def score(model: LoadedModel, job: DecisionJob, cancel: threading.Event, *, prefix_reuse: bool = True
           ) -> DecisionResult:
-    from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
-
-    prepared = prepare(model, job)
-    openers = _opener_ids(model)
-    prefix = common_prefix([q.ids for q in prepared]) if prefix_reuse and len(prepared) > 1 else 0
-    shared = None
-    if prefix > 0:
-        shared = make_prompt_cache(model.model)
-        if not can_trim_prompt_cache(shared):
-            shared, prefix = None, 0  # e.g. sliding-window or recurrent layers: no cheap rewind
-        else:
-            _last_logits(model, prepared[0].ids[:prefix], shared)
-    answers = []
-    for q in prepared:
+    """Score every question in one go (the engine interleaves requests with `DecisionRun` instead)."""
+    run = DecisionRun(model, job, prefix_reuse=prefix_reuse)
+    run.start()
+    while not run.done:
         if cancel.is_set():
             raise Cancelled()
-        if shared is not None:
-            logits = _last_logits(model, q.ids[prefix:], shared)
-            trim_prompt_cache(shared, len(q.ids) - prefix)  # back to the shared prefix
-        else:
-            logits = _last_logits(model, q.ids, make_prompt_cache(model.model))
-        check_no_reasoning_opener(logits, openers)
-        answers.append(answer_from_logits(q.view.kind, logits, q.label_ids))
-    return DecisionResult(answers, sum(len(q.ids) for q in prepared), prefix)
+        run.score_next()
+    return run.result()

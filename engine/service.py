@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from swama.engine import aliases
-from swama.engine.decide import DecisionJob, DecisionResult, score
+from swama.engine.decide import DecisionJob, DecisionResult, DecisionRun
 from swama.engine.errors import Cancelled, EngineError
 from swama.engine.generator import ChatRequest, Event, generate
 from swama.engine.model import LoadedModel
@@ -70,6 +70,17 @@ async def iterate_in_thread(make: Callable[[threading.Event], Iterator[T]]) -> A
         await asyncio.shield(asyncio.to_thread(thread.join))
 
 
+async def _in_thread(step: Callable[[], T]) -> T:
+    """Run one blocking step on a worker thread. Even when the caller is cancelled it waits for the
+    step to end, so the model slot it holds is never handed on while the model is still busy."""
+    task = asyncio.ensure_future(asyncio.to_thread(step))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.wait({task})
+        raise
+
+
 class Engine:
     def __init__(self, options: EngineOptions) -> None:
         self.options = options
@@ -121,10 +132,26 @@ class Engine:
         except Cancelled:
             return
 
-    def decide(self, name: str, job: DecisionJob) -> AsyncIterator[DecisionResult]:
-        """Score decision questions (the label scorer shared by /v1/decisions and /v1/systemone)."""
-        reuse = self.options.decision_prefix_reuse
-        return self.run(name, lambda model, cancel: score(model, job, cancel, prefix_reuse=reuse))
+    async def decide(self, name: str, job: DecisionJob) -> AsyncIterator[DecisionResult]:
+        """Score decision questions (the label scorer behind /v1/decisions and /v1/systemone).
+
+        Preparation plus the shared prefill take one turn on the model, then every question takes
+        its own turn, so a short request is not stuck behind a long one. Yields one result.
+        """
+        model_id = self.resolve(name)
+        run: DecisionRun | None = None
+        try:
+            while run is None or not run.done:
+                async with self.pool.use(model_id) as model:
+                    if run is None:
+                        run = DecisionRun(model, job, prefix_reuse=self.options.decision_prefix_reuse)
+                        step = run.start
+                    else:
+                        step = run.score_next
+                    await _in_thread(step)
+        except ModelNotInstalled:
+            raise EngineError(404, "The model is not available locally.", "model_not_found") from None
+        yield run.result()
 
     async def close(self) -> None:
         await self.pool.close()

@@ -142,7 +142,3 @@ class ModelStore:
         if parent != self.root and parent.is_dir() and not any(parent.iterdir()):
             parent.rmdir()
         return model
-
-    def clean_staging(self) -> None:
-        """Remove leftovers of interrupted installs (never a finished model)."""
-        shutil.rmtree(self.root / STAGING, ignore_errors=True)

@@ -211,3 +211,27 @@ def test_context_refusals(tmp_path: Path, model_store: Path) -> None:
     assert s1.json()["error"]["message"] == (
         "maximum context length: The decision prompt exceeds the configured context limit.")
     assert d.json()["error"]["message"] == "The decision prompt exceeds the configured context limit."
+
+
+def test_concurrent_requests_share_the_model_fairly(model_server: LiveServer) -> None:
+    """A one-question request sent while a 40-question request runs does not wait for all 40."""
+    import concurrent.futures
+    import time
+
+    url = model_server.v1 + "/decisions"
+    big = {"model": SMOL, "input": "A long ticket. " * 20,
+           "questions": [{"type": "predicate", "instructions": f"Is statement {i} true?"} for i in range(40)]}
+    small = {"model": SMOL, "input": "hi", "questions": [{"type": "predicate", "instructions": "Is it a greeting?"}]}
+    finished: dict[str, float] = {}
+
+    def send(name: str, body: dict) -> int:
+        r = httpx.post(url, json=body, timeout=300)
+        finished[name] = time.monotonic()
+        return r.status_code
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        first = pool.submit(send, "big", big)
+        time.sleep(1.0)
+        second = pool.submit(send, "small", small)
+        assert first.result() == 200 and second.result() == 200
+    assert finished["small"] < finished["big"]

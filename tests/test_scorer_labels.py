@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import string
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -431,7 +430,7 @@ def test_decision_error_fields() -> None:
 
 
 def _trained_tokenizer(add_prefix_space: bool = False):  # type: ignore[no-untyped-def]
-    tokenizers = pytest.importorskip("tokenizers")
+    import tokenizers
     from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
     tok = tokenizers.Tokenizer(models.BPE())
@@ -490,19 +489,10 @@ def test_hf_adapter_reads_the_pipeline() -> None:
     assert not splits_at_added_tokens({"normalizer": None, "pre_tokenizer": None})
 
 
-def _smollm2_tokenizer_file() -> Path:
-    root = Path(
-        os.environ.get("SWAMA_TEST_CACHE", Path(__file__).resolve().parent.parent / ".cache" / "test-models")
-    )
-    return root / "smollm2-mlx" / "tokenizer.json"
+def test_smollm2_label_tokens(smollm2_dir: Path) -> None:
+    import tokenizers
 
-
-@pytest.mark.skipif(
-    not _smollm2_tokenizer_file().is_file(), reason="SmolLM2 tokenizer not in the test-model cache"
-)
-def test_smollm2_label_tokens() -> None:
-    tokenizers = pytest.importorskip("tokenizers")
-    adapter = HFLabelTokenizer(tokenizers.Tokenizer.from_file(str(_smollm2_tokenizer_file())))
+    adapter = HFLabelTokenizer(tokenizers.Tokenizer.from_file(str(smollm2_dir / "tokenizer.json")))
     prompt = chatml("Is the sky blue on a clear day? Answer yes or no.")
     ids = adapter.encode(prompt)
     check_round_trip(adapter, ids)
