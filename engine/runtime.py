@@ -23,7 +23,7 @@ def openblas_library() -> str | None:
     return None
 
 
-def reexec_with_openblas(argv: list[str]) -> None:
+def reexec_with_openblas(argv: list[str], module: str = "swama.handlers.cli") -> None:
     """Restart this process once with OpenBLAS preloaded, when it helps and is available.
 
     Only on Linux with the CPU backend; `SWAMA_OPENBLAS=0` turns it off.
@@ -36,7 +36,7 @@ def reexec_with_openblas(argv: list[str]) -> None:
     env = dict(os.environ)
     env["LD_PRELOAD"] = ":".join(p for p in (lib, env.get("LD_PRELOAD", "")) if p)
     env[REEXEC_MARK] = "1"
-    os.execve(sys.executable, [sys.executable, "-m", "swama.handlers.cli", *argv], env)
+    os.execve(sys.executable, [sys.executable, "-m", module, *argv], env)
 
 
 def on_gpu() -> bool:

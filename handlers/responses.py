@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,7 +10,7 @@ from fastapi.responses import StreamingResponse
 
 from swama.engine.errors import EngineError
 from swama.engine.generator import Finished
-from swama.handlers.dispatch import Call, collect_or_cancel, start_stream
+from swama.handlers.dispatch import Call, collect_or_cancel, parse_json, start_stream
 from swama.handlers.errors import ApiError, bad_request
 from swama.handlers.responses_codec import (
     ResponseRequest,
@@ -35,16 +34,12 @@ def _parse(call: Call) -> ResponseRequest:
     if not call.body.strip():
         raise empty_body_error()
     try:
-        data = json.loads(call.body, parse_constant=_refuse)
+        data = parse_json(call.body)
     except (ValueError, RecursionError) as exc:
         raise invalid_json_error(str(exc)) from None
     if not isinstance(data, dict):
         raise not_object_error()
     return parse_response_request(data, context_limit=call.settings.context_limit)
-
-
-def _refuse(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
 
 
 async def create_response(call: Call) -> Response | dict[str, Any]:

@@ -235,3 +235,22 @@ def test_concurrent_requests_share_the_model_fairly(model_server: LiveServer) ->
         second = pool.submit(send, "small", small)
         assert first.result() == 200 and second.result() == 200
     assert finished["small"] < finished["big"]
+
+
+def test_more_than_26_choices_use_pair_labels(model_server: LiveServer, smollm2) -> None:
+    choices = [{"value": f"option {i}"} for i in range(30)]
+    r = httpx.post(model_server.v1 + "/decisions", timeout=300, json={
+        "model": SMOL, "input": "Pick one.", "questions": [
+            {"type": "choice", "instructions": "Which option?", "choices": choices}]})
+    assert r.status_code == 200, r.text
+    probs = r.json()["answers"][0]["probabilities"]
+    assert [p["value"] for p in probs] == [c["value"] for c in choices]
+    assert math.isclose(sum(p["probability"] for p in probs), 1.0, abs_tol=1e-9)
+    # The prompt the scorer used carries two-letter labels from the start.
+    from swama.engine.decide import DecisionJob, prepare
+
+    prepared = prepare(smollm2, DecisionJob("Pick one.", [decision_choice_view(
+        "Which option?", [(c["value"], None) for c in choices])], 16384))
+    text = smollm2.tokenizer.decode(prepared[0].ids)
+    assert "\nAA: option 0\n" in text and "\nA: option 0" not in text
+    assert len(set(prepared[0].label_ids)) == 30

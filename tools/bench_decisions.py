@@ -9,20 +9,21 @@ runs), checks both ways agree within 1e-4, and questions per second for 1, 10 an
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import platform
 import statistics
+import sys
 import threading
 import time
 from pathlib import Path
 
 from swama.engine.decide import DecisionJob, score
 from swama.engine.model import load_language_model
+from swama.engine.runtime import reexec_with_openblas
 from swama.engine.scorer import decision_choice_view, decision_score_view, predicate_view
+from swama.tools.bench_common import default_model_dir, missing_model_message, today, write_section
 
-SECTION = "## Decisions: shared-prefix scoring vs a fresh cache per question"
-REPO = Path(__file__).resolve().parent.parent
+TITLE = "Decisions: shared-prefix scoring vs a fresh cache per question"
 
 
 def ticket(target_tokens: int, tokenizer) -> str:
@@ -56,13 +57,15 @@ def timed(model, job: DecisionJob, reuse: bool) -> tuple[float, object]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model-dir", type=Path, default=REPO / ".cache" / "test-models" / "smollm2-mlx")
+    parser.add_argument("--model-dir", type=Path, default=default_model_dir())
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--write", type=Path, default=None, help="update this markdown file's section")
+    parser.add_argument("--write", type=Path, nargs="?", const=Path(__file__).resolve().parent.parent / "docs"
+                        / "benchmarks.md", default=None, help="update this section of docs/benchmarks.md")
     args = parser.parse_args(argv)
-    if not (args.model_dir / "config.json").exists():
-        parser.error(f"{args.model_dir} is no model folder; run `swama pull smollm2` and pass "
-                     "--model-dir ~/.swama/models/HuggingFaceTB/SmolLM2-135M-Instruct")
+    if args.model_dir is None or not (args.model_dir / "config.json").exists():
+        parser.error(missing_model_message())
+    reexec_with_openblas(sys.argv[1:] if argv is None else argv, module="swama.tools.bench_decisions")
+    load = f"{os.getloadavg()[0]:.1f}"
     model = load_language_model("bench", args.model_dir)
     text = ticket(1000, model.tokenizer)
     job = DecisionJob(text, questions(20), 16384)
@@ -86,35 +89,19 @@ def main(argv: list[str] | None = None) -> int:
 
     preload = "openblas" in os.environ.get("LD_PRELOAD", "")
     lines = [
-        SECTION, "",
-        f"Measured {datetime.date.today().isoformat()} with `python -m swama.tools.bench_decisions` "
-        f"(median of {args.runs} alternating runs), SmolLM2-135M-Instruct float32, input "
+        f"Measured {today()} with `python -m swama.tools.bench_decisions --runs {args.runs} --write` "
+        f"(median of {args.runs} alternating runs, one process), SmolLM2-135M-Instruct float32, input "
         f"{len(model.tokenizer.encode(text))} tokens; {os.cpu_count()} CPUs, {platform.machine()}, "
-        f"OpenBLAS preloaded: {'yes' if preload else 'no'}.", "",
+        f"OpenBLAS preloaded: {'yes' if preload else 'no'}, load average before the run: {load}.", "",
         "| case | time | questions/s |", "|---|---:|---:|",
         *[f"| {a} | {b} | {c} |" for a, b, c in rows], "",
         f"**Shared prefix is {f / s:.1f}x faster** than a fresh cache per question (target: 8x). "
         f"Largest probability difference between the two ways: {worst:.1e} (bound: 1e-4).", "",
     ]
-    print("\n".join(lines))
+    print(f"## {TITLE}\n\n" + "\n".join(lines))
     if args.write:
-        write_section(args.write, SECTION, "\n".join(lines))
+        write_section(args.write, TITLE, "\n".join(lines))
     return 0
-
-
-def write_section(path: Path, heading: str, body: str) -> None:
-    """Replace (or append) one `## ` section of a markdown file, keeping the others."""
-    text = path.read_text() if path.exists() else (
-        "# Benchmarks\n\nEvery table is measured side by side in one run by the tool it names; "
-        "ratios compare the two sides of that run.\n\n")
-    start = text.find(heading)
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + body.rstrip("\n") + "\n"
-    else:
-        end = text.find("\n## ", start + len(heading))
-        text = text[:start] + body.rstrip("\n") + "\n" + (text[end:] if end >= 0 else "")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
 
 
 if __name__ == "__main__":
