@@ -17,7 +17,6 @@ from swama.engine.scorer import (
     decision_score_view,
     predicate_view,
 )
-from swama.engine.scorer.checks import INVALID_REQUEST, SERVER_ERROR
 
 from .strict_json import StrictJSONError, parse_strict_json
 
@@ -407,7 +406,3 @@ def render_decision_response(
     }
     return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
-
-def error_body(status: int, message: str) -> dict[str, Any]:
-    """``{"error":{"message","type"}}``; 5xx statuses are server errors."""
-    return {"error": {"message": message, "type": SERVER_ERROR if status >= 500 else INVALID_REQUEST}}

@@ -18,7 +18,6 @@ from swama.engine.scorer import (
     systemone_choice_view,
     systemone_score_view,
 )
-from swama.engine.scorer.checks import INVALID_REQUEST, SERVER_ERROR
 
 from .strict_json import JSONRule, JSONValue, StrictJSONError, parse_strict_json
 
@@ -281,11 +280,3 @@ def render_systemone_response(
     }
     return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
-
-def error_body(status: int, message: str) -> dict[str, Any]:
-    """Both the OpenAI-style ``error`` and System One's ``detail`` forms of one refusal."""
-    error_type = SERVER_ERROR if status >= 500 else INVALID_REQUEST
-    return {
-        "error": {"message": message, "type": error_type},
-        "detail": {"error_type": error_type, "message": message},
-    }

@@ -135,3 +135,17 @@ def test_concurrent_clients_and_a_disconnect(model_server: LiveServer) -> None:
                    timeout=60)
     assert r.status_code == 200
     assert time.monotonic() - start < 60
+
+
+def test_non_streaming_client_that_gives_up_frees_the_model(model_server: LiveServer) -> None:
+    url = model_server.v1 + "/chat/completions"
+    long = {"model": SMOL, "max_tokens": 2000, "temperature": 1.0,
+            "messages": [{"role": "user", "content": "Write a very long story."}]}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(url, json=long, timeout=httpx.Timeout(3.0, connect=5.0))
+    start = time.monotonic()
+    r = httpx.post(url, timeout=120, json={"model": SMOL, "max_tokens": 2,
+                                           "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200
+    # 2,000 tokens take minutes on this model; the abandoned request was cancelled instead.
+    assert time.monotonic() - start < 30

@@ -17,7 +17,6 @@ from swama.handlers.decisions_codec import (
     DecisionQuestion,
     DecisionRequest,
     decision_question_view,
-    error_body,
     parse_decision_request,
     render_decision_response,
 )
@@ -777,10 +776,3 @@ def test_invalid_answers_are_server_errors(
         render_decision_response("m", [(question, answer)], 1)
     assert (caught.value.status, caught.value.message, caught.value.type) == (500, message, "server_error")
 
-
-def test_error_body() -> None:
-    assert error_body(400, "Invalid decision request.") == {
-        "error": {"message": "Invalid decision request.", "type": "invalid_request_error"}
-    }
-    assert error_body(404, "The model is not available locally.")["error"]["type"] == "invalid_request_error"
-    assert error_body(500, "x") == {"error": {"message": "x", "type": "server_error"}}

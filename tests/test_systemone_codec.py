@@ -15,7 +15,6 @@ from swama.handlers.systemone_codec import (
     MAX_BODY_BYTES,
     SystemOneQuestion,
     SystemOneRequest,
-    error_body,
     parse_systemone_request,
     render_systemone_response,
     systemone_question_view,
@@ -627,20 +626,3 @@ def test_invalid_answers_are_server_errors(question: SystemOneQuestion, answer: 
         "server_error",
     )
 
-
-def test_error_body_carries_both_forms() -> None:
-    assert error_body(400, "state must be text, an object, or an array.") == {
-        "error": {"message": "state must be text, an object, or an array.", "type": "invalid_request_error"},
-        "detail": {
-            "error_type": "invalid_request_error",
-            "message": "state must be text, an object, or an array.",
-        },
-    }
-    assert (
-        error_body(413, "The request body is larger than 13 MiB.")["detail"]["error_type"]
-        == "invalid_request_error"
-    )
-    assert error_body(500, "x") == {
-        "error": {"message": "x", "type": "server_error"},
-        "detail": {"error_type": "server_error", "message": "x"},
-    }

@@ -27,6 +27,8 @@ from typing import IO
 
 import httpx
 
+from swama.engine.runtime import openblas_library
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS_MD = REPO_ROOT / "docs" / "benchmarks.md"
 BENCHMARKS_HEADER = (
@@ -37,11 +39,6 @@ BENCHMARKS_HEADER = (
 )
 SMOLLM2_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # The same candidates swama itself looks at (swama.engine.runtime).
-OPENBLAS_CANDIDATES = (
-    "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0",
-    "/usr/lib/aarch64-linux-gnu/openblas-pthread/libopenblas.so.0",
-    "/usr/lib64/libopenblasp.so.0",
-)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -137,10 +134,6 @@ def temp_dir(prefix: str) -> tempfile.TemporaryDirectory[str]:
 
 # ---------------------------------------------------------------------------------------------
 # Environment and machine facts
-
-
-def openblas_library() -> str | None:
-    return next((p for p in OPENBLAS_CANDIDATES if Path(p).exists()), None)
 
 
 def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
