@@ -139,12 +139,14 @@ def test_codex_cli_end_to_end(codex: Path, model_store: Path, tmp_path: Path) ->
         f'base_url = "{server.v1}"\n'
         'wire_api = "responses"\n'
         'env_key = "LOCALMLX_API_KEY"\n')
+    # Codex is a Node.js program; the OpenBLAS preload meant for MLX breaks Node's thread start-up.
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     try:
         out = subprocess.run(
             [str(codex), "exec", "--skip-git-repo-check", "-s", "read-only", "--disable", "multi_agent",
              "Reply with PONG"],
             capture_output=True, text=True, timeout=900, cwd=tmp_path, stdin=subprocess.DEVNULL,
-            env={**os.environ, "CODEX_HOME": str(home), "LOCALMLX_API_KEY": "sk-local"})
+            env={**env, "CODEX_HOME": str(home), "LOCALMLX_API_KEY": "sk-local"})
     finally:
         server.stop()
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
