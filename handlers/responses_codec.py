@@ -488,8 +488,10 @@ def _sampling(data: dict[str, Any]) -> tuple[Sampling, int | None]:
     top_p = _number(data, "top_p")
     sampling = Sampling(temperature=DEFAULT_TEMPERATURE if temperature is None else temperature,
                         top_p=DEFAULT_TOP_P if top_p is None else top_p)
-    # The engine's own range rules, applied here so a stream never starts on options it would refuse.
-    if not (sampling.temperature >= 0 and 0 <= sampling.top_p <= 1) or (max_tokens is not None and max_tokens <= 0):
+    # The engine's own range rules, applied here so a stream never starts on options it would refuse;
+    # temperature also stays within the 0-2 the Response object can echo.
+    if not (0 <= sampling.temperature <= 2 and 0 <= sampling.top_p <= 1) or (
+            max_tokens is not None and max_tokens <= 0):
         raise ApiError(400, OUT_OF_RANGE, code="invalid_request")
     return sampling, max_tokens
 

@@ -275,6 +275,7 @@ REJECTED: list[tuple[str, Any, tuple[str, str]]] = [
     ("max_output_tokens past 2^53", body(max_output_tokens=2**53 + 1),
      malformed("`max_output_tokens` must be an integer within the supported range")),
     ("temperature negative", body(temperature=-0.1), OUT_OF_RANGE),
+    ("temperature above 2", body(temperature=2.5), OUT_OF_RANGE),
     ("top_p above 1", body(top_p=1.5), OUT_OF_RANGE),
     ("top_p negative", body(top_p=-0.1), OUT_OF_RANGE),
     ("max_output_tokens zero", body(max_output_tokens=0), OUT_OF_RANGE),
