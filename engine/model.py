@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,8 +18,6 @@ class LoadedModel:
     tokenizer: Any  # mlx_lm TokenizerWrapper
     config: dict[str, Any]
     eos_ids: set[int]
-    # One operation at a time per model; the pool hands it out FIFO. Held by the worker thread.
-    busy: threading.Lock = field(default_factory=threading.Lock)
     caches: dict[str, Any] = field(default_factory=dict)  # per-model scratch: prompt cache, label sets
 
     @property

@@ -119,12 +119,6 @@ class ModelPool:
             pass
         log.info("evicted %s", model_id)
 
-    def forget(self, model_id: str) -> None:
-        """Drop a model (after `swama rm`, say) unless it is in use."""
-        entry = self._entries.get(model_id)
-        if entry is not None and entry.active == 0:
-            self._drop(model_id)
-
     async def close(self) -> None:
         if self._reaper is not None:
             self._reaper.cancel()

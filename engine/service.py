@@ -17,7 +17,6 @@ from swama.engine import aliases
 from swama.engine.decide import DecisionJob, DecisionResult, DecisionRun
 from swama.engine.errors import Cancelled, EngineError
 from swama.engine.generator import ChatRequest, Event, generate
-from swama.engine.model import LoadedModel
 from swama.engine.pool import ModelPool
 from swama.engine.store import ModelNotInstalled, ModelStore
 
@@ -111,22 +110,6 @@ class Engine:
             async with self.pool.use(model_id) as model:
                 async for event in iterate_in_thread(lambda cancel: generate(model, request, cancel)):
                     yield event
-        except ModelNotInstalled:
-            raise EngineError(404, "The model is not available locally.", "model_not_found") from None
-        except Cancelled:
-            return
-
-    async def run(self, name: str, work: Callable[[LoadedModel, threading.Event], T]) -> AsyncIterator[T]:
-        """One blocking operation on a model in its FIFO slot, as a one-item stream (closing it cancels)."""
-        model_id = self.resolve(name)
-
-        def once(cancel: threading.Event) -> Iterator[T]:
-            yield work(model, cancel)
-
-        try:
-            async with self.pool.use(model_id) as model:
-                async for result in iterate_in_thread(once):
-                    yield result
         except ModelNotInstalled:
             raise EngineError(404, "The model is not available locally.", "model_not_found") from None
         except Cancelled:
