@@ -156,5 +156,8 @@ def test_codex_cli_end_to_end(codex: Path, model_store: Path, tmp_path: Path) ->
     # reported by Codex as an incomplete response (exit 1); any other error fails the test.
     assert out.returncode == 0 or (out.returncode == 1 and errors and all(
         "Incomplete response returned, reason: max_output_tokens" in e for e in errors)), text[-3000:]
-    assert out.stdout.strip(), out.stderr[-3000:]
+    # The transcript shows the model's answer under a `codex` line (and stdout repeats it on success).
+    lines = out.stderr.splitlines()
+    assert "codex" in lines and lines[lines.index("codex") + 1].strip(), text[-3000:]
+    assert out.returncode != 0 or out.stdout.strip()
     assert "tokens used" in text
