@@ -18,6 +18,7 @@ from swama.engine.service import Engine, EngineOptions
 from swama.generated.routes import OPERATIONS, router
 from swama.handlers.errors import ApiError, error_body
 from swama.handlers.settings import Settings
+from swama.handlers.version import package_version
 
 SPEC_FILES = ("openai.yaml", "decisions.yaml", "systemone.yaml")
 
@@ -27,7 +28,7 @@ def merged_spec() -> dict[str, Any]:
     """One OpenAPI document for every route we serve, built from the pinned specs."""
     merged: dict[str, Any] = {
         "openapi": "3.1.0",
-        "info": {"title": "swama", "version": _version()},
+        "info": {"title": "swama", "version": package_version()},
         "paths": {},
         "components": {"schemas": {}},
     }
@@ -42,15 +43,6 @@ def merged_spec() -> dict[str, Any]:
                 raise RuntimeError(f"component {schema} differs between pinned specs")
             merged["components"]["schemas"][schema] = body
     return merged
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("swama")
-    except PackageNotFoundError:
-        return "0"
 
 
 def _family_for(path: str) -> str:

@@ -8,6 +8,7 @@ import logging
 import sys
 
 from swama.handlers.settings import DEFAULT_PORT, Settings
+from swama.handlers.version import package_version
 
 log = logging.getLogger("swama")
 
@@ -131,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="A local AI server on MLX with an OpenAI-compatible API, decision scoring "
                     "(/v1/decisions, /v1/systemone) and a model store. With no command, `swama` runs `serve`.",
     )
+    parser.add_argument("-V", "--version", action="version", version=f"swama {package_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     serve = sub.add_parser("serve", help="start the API server",
                            description="Start the HTTP API server. It binds 127.0.0.1 unless told otherwise.")
@@ -202,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "-V", "--version"):
         argv = ["serve", *argv]
     args = parser.parse_args(argv)
     if args.command in ("serve", "run"):
