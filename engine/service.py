@@ -96,14 +96,15 @@ class Engine:
             raise EngineError(404, "The model is not available locally.", "model_not_found")
         return model.id
 
-    def check_language_model(self, name: str) -> None:
-        if aliases.is_audio_model(name):
-            raise EngineError(400, f"Model '{name}' is an audio model; it cannot serve text generation.")
-
-    async def chat(self, name: str, request: ChatRequest) -> AsyncIterator[Event]:
-        """Events of one generation. Stop iterating (or `aclose()`) to cancel it."""
+    def resolve_language_model(self, name: str) -> str:
+        """`resolve`, refusing models that cannot generate text."""
         model_id = self.resolve(name)
-        self.check_language_model(name)
+        if aliases.is_audio_model(name) or aliases.is_audio_model(model_id):
+            raise EngineError(400, f"Model '{name}' is an audio model; it cannot serve text generation.")
+        return model_id
+
+    async def chat(self, model_id: str, request: ChatRequest) -> AsyncIterator[Event]:
+        """Events of one generation on a model `resolve` found. Stop iterating (or `aclose()`) to cancel."""
         if request.max_tokens is None:
             request.max_tokens = self.options.default_max_tokens
         try:
@@ -115,13 +116,13 @@ class Engine:
         except Cancelled:
             return
 
-    async def decide(self, name: str, job: DecisionJob) -> AsyncIterator[DecisionResult]:
+    async def decide(self, model_id: str, job: DecisionJob) -> AsyncIterator[DecisionResult]:
         """Score decision questions (the label scorer behind /v1/decisions and /v1/systemone).
 
         Preparation plus the shared prefill take one turn on the model, then every question takes
         its own turn, so a short request is not stuck behind a long one. Yields one result.
+        `model_id` is what `resolve` returned.
         """
-        model_id = self.resolve(name)
         run: DecisionRun | None = None
         try:
             while run is None or not run.done:

@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-from swama.handlers.dispatch import Call, not_implemented
-from swama.handlers.errors import bad_request
+from swama.generated.openai_models import CreateSpeechRequest, CreateTranscriptionRequest
+from swama.handlers.dispatch import Call, route
+from swama.handlers.errors import not_served
 
 
-async def create_transcription(call: Call) -> None:
-    content_type = call.request.headers.get("content-type", "")
-    if not content_type.lower().startswith("multipart/form-data"):
-        raise bad_request("Content-Type must be multipart/form-data", code="invalid_content_type")
-    form = await call.form()
-    for field in ("file", "model"):
-        if field not in form:
-            raise bad_request(f"Missing required field '{field}'.", code="missing_required_parameter", param=field)
-    if isinstance(form["file"], str):
-        raise bad_request("'file' must be an uploaded file.", code="invalid_type", param="file")
-    raise not_implemented(call, validate=False)
+@route()
+async def create_transcription(call: Call, request: CreateTranscriptionRequest) -> None:
+    raise not_served(call.op.method, call.op.path)  # parsed by the generated model, not served yet
 
 
-async def create_speech(call: Call) -> None:
-    raise not_implemented(call)
+@route()
+async def create_speech(call: Call, request: CreateSpeechRequest) -> None:
+    raise not_served(call.op.method, call.op.path)

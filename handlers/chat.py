@@ -13,8 +13,9 @@ from fastapi.responses import StreamingResponse
 
 from swama.engine.errors import EngineError
 from swama.engine.generator import ChatRequest, Finished, Sampling, TextDelta, ToolCallEvent
-from swama.handlers.dispatch import Call, collect_or_cancel, start_stream
+from swama.handlers.dispatch import Call, route
 from swama.handlers.errors import ApiError, bad_request
+from swama.handlers.streaming import collect_or_cancel, start_stream
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 UNSUPPORTED = {
@@ -141,25 +142,22 @@ def _usage(done: Finished) -> dict[str, Any]:
             "total_tokens": done.prompt_tokens + done.completion_tokens}
 
 
-async def create_chat_completion(call: Call) -> Response | dict[str, Any]:
-    data = call.json()
-    if not isinstance(data, dict):
-        raise bad_request("Invalid request payload or missing messages")
-    call.validate(data)
+@route()
+async def create_chat_completion(call: Call, parsed: Any) -> Response | dict[str, Any]:
+    data = json.loads(call.body)  # INTERIM: still re-reads the body; to be built from `parsed`
     engine = call.engine
     request = request_from(data, call.settings.context_limit)
     model = data["model"]
-    engine.resolve(model)
-    engine.check_language_model(model)
+    model_id = engine.resolve_language_model(model)
     ident, created = f"chatcmpl-{uuid.uuid4()}", int(time.time())
-    events = engine.chat(model, request)
+    events = engine.chat(model_id, request)
     if data.get("stream"):
         # Errors found before the first token (context limit, template) still get a plain 4xx.
         events = await start_stream(events)
         return StreamingResponse(_sse(events, ident, created, model), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
     text, calls, done = [], [], None
-    async for event in collect_or_cancel(call, events):
+    async for event in collect_or_cancel(call.request, events):
         if isinstance(event, TextDelta):
             text.append(event.text)
         elif isinstance(event, ToolCallEvent):

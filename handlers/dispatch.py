@@ -1,19 +1,28 @@
-"""The one path every generated route stub takes: read the body, call the handler, shape errors.
+"""The request pipeline every generated route stub takes, in one order for every operation:
 
-A handler is `async def handler(call: Call) -> Response | dict`, named in the spec by
-`x-swama-handler: "module:function"` and resolved under swama.handlers.
+1. raw checks: API key, body size, content encoding, strict JSON (duplicate keys, depth,
+   NaN/Infinity, lone surrogates) or multipart;
+2. the route's seed rules that must win over schema errors (check order), on the decoded JSON;
+3. the operation's generated strict request model (unknown fields, types, enums, required fields,
+   ranges the spec states), its errors worded by the route's mapper;
+4. fields the model accepts but the handler does not act on are refused, never ignored;
+5. the handler, which receives the typed model and adds only what no schema can say.
+
+A handler is `async def handler(call: Call, request: Model | None) -> Response | dict`, named in the
+spec by `x-swama-handler: "module:function"` (resolved under swama.handlers) and decorated with
+`@route(RouteRules(...))` to bring its wording.
 """
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import importlib
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import pydantic
 from fastapi import Request, Response
@@ -23,9 +32,10 @@ from swama.engine.errors import EngineError
 from swama.engine.scorer import DecisionError
 from swama.handlers.errors import ApiError, bad_request, error_body
 from swama.handlers.settings import Settings
+from swama.handlers.strict_json import StrictJSONError, parse_strict_json
+from swama.handlers.validation import openai_schema_error
 
 log = logging.getLogger("swama")
-T = TypeVar("T")
 
 MiB = 1024 * 1024
 # Route-specific body limits; everything else gets a generous default so a stray upload cannot
@@ -53,6 +63,56 @@ class Operation:
         return self.family if self.family in ("decisions", "systemone") else "openai"
 
 
+def _malformed_json(error: StrictJSONError | None) -> ApiError:
+    if error is None:
+        return bad_request("Malformed request: empty body", code="invalid_json")
+    return bad_request(f"Malformed request: invalid JSON ({error})", code="invalid_json")
+
+
+def _not_object(_: Any) -> ApiError:
+    return bad_request("Malformed request: top-level JSON must be an object", code="invalid_json")
+
+
+def _no_rules(_: dict[str, Any]) -> None:
+    return None
+
+
+def _unhandled(name: str) -> ApiError:
+    return bad_request(f"'{name}' is not supported by this server; it is rejected rather than ignored.",
+                       code="unsupported_parameter", param=name)
+
+
+@dataclass(frozen=True)
+class RouteRules:
+    """What a route adds around its generated request model; the defaults are the OpenAI wording."""
+
+    # A body that is not strict JSON (None: an empty body).
+    bad_json: Callable[[StrictJSONError | None], ApiError] = _malformed_json
+    not_object: Callable[[Any], ApiError] = _not_object
+    # Seed rules whose message must win over any schema error; they read the decoded JSON.
+    before_model: Callable[[dict[str, Any]], None] = _no_rules
+    schema_error: Callable[[pydantic.ValidationError, Any], ApiError] = openai_schema_error
+    # Top-level fields the handler acts on; any other field the model accepts is refused by
+    # `unhandled`, so a field a spec bump adds is never silently ignored. None: the handler takes all.
+    handled: frozenset[str] | None = None
+    unhandled: Callable[[str], ApiError] = _unhandled
+
+
+DEFAULT_RULES = RouteRules()
+
+Handler = Callable[["Call", Any], Awaitable[Any]]
+
+
+def route(rules: RouteRules = DEFAULT_RULES) -> Callable[[Handler], Handler]:
+    """Attach a route's rules to its handler."""
+
+    def attach(handler: Handler) -> Handler:
+        handler.rules = rules  # type: ignore[attr-defined]
+        return handler
+
+    return attach
+
+
 @dataclass
 class Call:
     """One request on its way to a handler."""
@@ -67,88 +127,86 @@ class Call:
     def engine(self) -> Any:
         return self.request.app.state.engine
 
-    def json(self, *, parse: Callable[[bytes], Any] | None = None) -> Any:
-        """The body as JSON: NaN/Infinity refused; `parse` lets a route bring a stricter parser."""
-        if not self.body.strip():
-            raise bad_request("Malformed request: empty body", code="invalid_json")
-        try:
-            return (parse or parse_json)(self.body)
-        except ApiError:
-            raise
-        except (ValueError, RecursionError) as exc:
-            raise bad_request(f"Malformed request: invalid JSON ({exc})", code="invalid_json") from None
 
-    async def form(self) -> dict[str, Any]:
-        """The body as multipart form fields (uploads as starlette UploadFile); 400 when malformed."""
-        from starlette.requests import Request as StarletteRequest
-
-        body = self.body
-
-        async def receive() -> dict[str, Any]:
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        replay = StarletteRequest(self.request.scope, receive)
-        try:
-            form = await replay.form(max_files=4, max_fields=64)
-        except Exception as exc:  # python-multipart raises several unrelated types
-            raise bad_request(f"Malformed request: the multipart body does not parse ({exc})",
-                              code="invalid_multipart") from None
-        return dict(form.multi_items())
-
-    def validate(self, data: Any) -> pydantic.BaseModel:
-        """Check `data` against the operation's generated request model; 400 on the first problem."""
-        assert self.op.request_model is not None
-        try:
-            return self.op.request_model.model_validate(data)
-        except pydantic.ValidationError as exc:
-            raise validation_error(exc, data) from None
+def parse_json_request(op: Operation, rules: RouteRules, body: bytes) -> pydantic.BaseModel:
+    """Steps 2-4 on a JSON body: decode strictly, the route's first rules, the generated model."""
+    assert op.request_model is not None
+    if not body.strip():
+        raise rules.bad_json(None)
+    try:
+        data = parse_strict_json(body)
+    except StrictJSONError as exc:
+        raise rules.bad_json(exc) from None
+    if not isinstance(data, dict):
+        raise rules.not_object(data)
+    rules.before_model(data)
+    return validate(op.request_model, rules, data)
 
 
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
+def validate(model: type[pydantic.BaseModel], rules: RouteRules, data: Any) -> pydantic.BaseModel:
+    try:
+        parsed = model.model_validate(data)
+    except pydantic.ValidationError as exc:
+        raise rules.schema_error(exc, data) from None
+    if rules.handled is not None:
+        for name in sorted(parsed.model_fields_set - rules.handled):
+            if getattr(parsed, name) is not None:
+                raise rules.unhandled(name)
+    return parsed
 
 
-def parse_json(body: bytes) -> Any:
-    return json.loads(body, parse_constant=_refuse_constant)
+async def _parse_form(op: Operation, rules: RouteRules, request: Request, body: bytes) -> pydantic.BaseModel:
+    from starlette.requests import Request as StarletteRequest
 
+    content_type = request.headers.get("content-type", "")
+    if not content_type.lower().startswith("multipart/form-data"):
+        raise bad_request("Content-Type must be multipart/form-data", code="invalid_content_type")
 
-def _user_path(loc: tuple[Any, ...], data: Any) -> list[str]:
-    """The error location as the user wrote it: pydantic adds union-member and tag names to it."""
-    path: list[str] = []
-    node = data
-    for part in loc:
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
-            node = node[part]
-        elif isinstance(part, str) and (part in _TAGS or "[" in part or
-                                        (isinstance(node, dict) and part in _string_values(node))):
-            continue  # a union member or discriminator tag, not a field
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    try:
+        form = await StarletteRequest(request.scope, receive).form(max_files=4, max_fields=64)
+    except Exception as exc:  # python-multipart raises several unrelated types
+        raise bad_request(f"Malformed request: the multipart body does not parse ({exc})",
+                          code="invalid_multipart") from None
+    assert op.request_model is not None
+    kinds = _form_kinds(op.request_model)
+    fields: dict[str, Any] = {}
+    for name, value in form.multi_items():
+        if not isinstance(value, str):
+            fields[name] = await value.read()  # an upload: the model's `file` is binary
+            continue
+        key = name.removesuffix("[]")
+        kind = kinds.get(key, set())
+        if "array" in kind:
+            fields.setdefault(key, []).append(value)
+        elif kind & {"number", "integer", "boolean"}:
+            fields[key] = _form_scalar(value)
         else:
-            path.append(str(part))  # a missing or unknown field: nothing to descend into
-            break
-        path.append(str(part))
-    return path
+            fields[key] = value
+    return validate(op.request_model, rules, fields)
 
 
-def _string_values(node: dict[str, Any]) -> set[str]:
-    return {v for v in node.values() if isinstance(v, str)}
+@functools.cache
+def _form_kinds(model: type[pydantic.BaseModel]) -> dict[str, set[str]]:
+    """The JSON types each field may take: form fields arrive as text and are typed from these."""
+
+    def types(schema: dict[str, Any]) -> set[str]:
+        found = {schema["type"]} if isinstance(schema.get("type"), str) else set()
+        for key in ("anyOf", "oneOf", "allOf"):
+            for member in schema.get(key, []):
+                found |= types(member)
+        return found
+
+    return {name: types(prop) for name, prop in model.model_json_schema()["properties"].items()}
 
 
-def validation_error(exc: pydantic.ValidationError, data: Any = None) -> ApiError:
-    first = exc.errors(include_url=False)[0]
-    param = ".".join(_user_path(first["loc"], data)) or None
-    where = f" at '{param}'" if param else ""
-    kind = first["type"]
-    if kind == "extra_forbidden":
-        return bad_request(f"Unknown field '{param}'.", code="unknown_parameter", param=param)
-    if kind == "missing":
-        return bad_request(f"Missing required field '{param}'.", code="missing_required_parameter", param=param)
-    return bad_request(f"Invalid value{where}: {first['msg']}.", code="invalid_type", param=param)
-
-
-# Union member names pydantic adds to error locations.
-_TAGS = {"str", "bool", "int", "float", "list", "dict", "function-after", "function-before", "nullable"}
+def _form_scalar(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text  # the model refuses it with its own message
 
 
 def _decode(body: bytes, encoding: str) -> bytes:
@@ -196,10 +254,13 @@ async def read_body(request: Request, path: str) -> bytes:
     return body
 
 
-def _authorised(request: Request, settings: Settings) -> bool:
-    if not settings.api_key:
-        return True
-    return request.headers.get("authorization", "") == f"Bearer {settings.api_key}"
+def _check_key(op: Operation, request: Request, settings: Settings) -> None:
+    if not settings.api_key or request.headers.get("authorization", "") == f"Bearer {settings.api_key}":
+        return
+    # System One names this error for what it is; the OpenAI API keeps invalid_request_error + a code.
+    kind = "authentication_error" if op.family == "systemone" else None
+    raise ApiError(401, "Missing or wrong API key: send 'Authorization: Bearer <key>'.",
+                   code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}, kind=kind)
 
 
 def error_response(op: Operation, err: ApiError, extra_headers: dict[str, str] | None = None) -> JSONResponse:
@@ -207,14 +268,18 @@ def error_response(op: Operation, err: ApiError, extra_headers: dict[str, str] |
     return JSONResponse(error_body(op.error_family, err), status_code=err.status, headers=headers)
 
 
-_handlers: dict[str, Callable[[Call], Awaitable[Any]]] = {}
+_handlers: dict[str, Handler] = {}
 
 
-def resolve(name: str) -> Callable[[Call], Awaitable[Any]]:
+def resolve(name: str) -> Handler:
     if name not in _handlers:
         module, func = name.split(":")
         _handlers[name] = getattr(importlib.import_module(f"swama.handlers.{module}"), func)
     return _handlers[name]
+
+
+def rules_of(handler: Handler) -> RouteRules:
+    return getattr(handler, "rules", DEFAULT_RULES)
 
 
 async def dispatch(op: Operation, request: Request) -> Response:
@@ -223,12 +288,17 @@ async def dispatch(op: Operation, request: Request) -> Response:
     if op.family == "systemone":
         call.extra_headers["x-typesafe-request-id"] = f"systemone-{uuid.uuid4()}"
     try:
-        if not _authorised(request, settings):
-            raise ApiError(401, "Missing or wrong API key: send 'Authorization: Bearer <key>'.",
-                           code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+        _check_key(op, request, settings)
+        handler = resolve(op.handler)
+        rules = rules_of(handler)
+        parsed: pydantic.BaseModel | None = None
         if op.method == "POST":
             call.body = await read_body(request, op.path)
-        result = await resolve(op.handler)(call)
+            if op.media_type == "multipart/form-data":
+                parsed = await _parse_form(op, rules, request, call.body)
+            else:
+                parsed = parse_json_request(op, rules, call.body)
+        result = await handler(call, parsed)
     except ApiError as err:
         return error_response(op, err, call.extra_headers)
     except EngineError as exc:
@@ -247,68 +317,3 @@ async def dispatch(op: Operation, request: Request) -> Response:
 def engine_error(exc: EngineError) -> ApiError:
     param = "model" if exc.code == "model_not_found" else None
     return ApiError(exc.status, exc.message, code=exc.code, param=param)
-
-
-async def _until_disconnected(request: Request, every: float = 0.1) -> None:
-    while not await request.is_disconnected():
-        await asyncio.sleep(every)
-
-
-async def collect_or_cancel(call: Call, events: AsyncIterator[T]) -> AsyncIterator[T]:
-    """Iterate `events` while watching the client: a disconnect stops (and so cancels) the work."""
-    watcher = asyncio.ensure_future(_until_disconnected(call.request))
-    try:
-        iterator = events.__aiter__()
-        while True:
-            step = asyncio.ensure_future(iterator.__anext__())
-            done, _ = await asyncio.wait({step, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if step not in done:
-                step.cancel()
-                await asyncio.gather(step, return_exceptions=True)
-                return
-            try:
-                yield step.result()
-            except StopAsyncIteration:
-                return
-    finally:
-        watcher.cancel()
-        aclose = getattr(events, "aclose", None)
-        if aclose is not None:
-            await aclose()
-
-
-async def start_stream(events: AsyncIterator[T]) -> AsyncIterator[T]:
-    """Wait for the first event so errors before it become plain HTTP errors, then stream the rest."""
-    iterator = events.__aiter__()
-    try:
-        first = await iterator.__anext__()
-    except StopAsyncIteration:
-        return _empty()
-
-    async def rest() -> AsyncIterator[T]:
-        try:
-            yield first
-            async for item in iterator:
-                yield item
-        finally:
-            aclose = getattr(iterator, "aclose", None)
-            if aclose is not None:
-                await aclose()
-
-    return rest()
-
-
-async def _empty() -> AsyncIterator[Any]:
-    return
-    yield
-
-
-def not_implemented(call: Call, *, validate: bool = True) -> ApiError:
-    """Validate the request as the spec says, then refuse honestly: the route is not served yet."""
-    if validate and call.op.request_model is not None and call.op.media_type == "application/json":
-        data = call.json()
-        if not isinstance(data, dict):
-            raise bad_request("Malformed request: top-level JSON must be an object", code="invalid_json")
-        call.validate(data)
-    return ApiError(501, f"{call.op.method} {call.op.path} is not implemented yet on this server.",
-                    code="not_implemented")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from swama.handlers.dispatch import Call, not_implemented
+from swama.generated.openai_models import CreateEmbeddingRequest
+from swama.handlers.dispatch import Call, route
+from swama.handlers.errors import not_served
 
 
-async def create_embedding(call: Call) -> None:
-    raise not_implemented(call)
+@route()
+async def create_embedding(call: Call, request: CreateEmbeddingRequest) -> None:
+    raise not_served(call.op.method, call.op.path)  # parsed by the generated model, not served yet

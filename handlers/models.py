@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from swama.engine.store import list_installed
-from swama.handlers.dispatch import Call
+from swama.handlers.dispatch import Call, route
 
 
-async def list_models(call: Call) -> dict[str, Any]:
+@route()
+async def list_models(call: Call, request: None) -> dict[str, Any]:
     return {
         "object": "list",
         "data": [

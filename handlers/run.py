@@ -72,7 +72,7 @@ async def _in_process(args: argparse.Namespace) -> int:
                           repetition_penalty=args.repetition_penalty),
         max_tokens=args.max_tokens, context_limit=args.context_limit or settings.context_limit)
     parts = []
-    async for event in engine.chat(args.model, request):
+    async for event in engine.chat(engine.resolve_language_model(args.model), request):
         if isinstance(event, TextDelta):
             if args.stream:
                 print(event.text, end="", flush=True)

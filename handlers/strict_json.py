@@ -31,10 +31,11 @@ class JSONRule(Enum):
 class StrictJSONError(ValueError):
     """A body that strict parsing refuses; ``key`` names the repeated key for DUPLICATE_KEY."""
 
-    def __init__(self, rule: JSONRule, key: str | None = None) -> None:
+    def __init__(self, rule: JSONRule, key: str | None = None, detail: str | None = None) -> None:
         self.rule = rule
         self.key = key
-        super().__init__(rule.value if key is None else f"{rule.value}: {key!r}")
+        self.detail = detail  # what was wrong, for routes that say it
+        super().__init__(detail or (rule.value if key is None else f"{rule.value}: {key!r}"))
 
 
 _STRING_LITERAL = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
@@ -63,13 +64,13 @@ def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def _refuse_constant(name: str) -> Any:
-    raise StrictJSONError(JSONRule.INVALID)
+    raise StrictJSONError(JSONRule.INVALID, detail=f"{name} is not valid JSON")
 
 
 def _finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
-        raise StrictJSONError(JSONRule.INVALID)
+        raise StrictJSONError(JSONRule.INVALID, detail=f"{text} overflows a JSON number")
     return value
 
 
@@ -101,8 +102,8 @@ def parse_strict_json(body: bytes | str) -> JSONValue:
         raw = bytes(body)
     try:
         text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise StrictJSONError(JSONRule.INVALID) from None
+    except UnicodeDecodeError as exc:
+        raise StrictJSONError(JSONRule.INVALID, detail=f"the body is not UTF-8 ({exc.reason})") from None
     if _too_deep(raw):
         raise StrictJSONError(JSONRule.TOO_DEEP)
     try:
@@ -114,9 +115,9 @@ def parse_strict_json(body: bytes | str) -> JSONValue:
         )
     except StrictJSONError:
         raise
-    except (ValueError, RecursionError):
-        raise StrictJSONError(JSONRule.INVALID) from None
+    except (ValueError, RecursionError) as exc:
+        raise StrictJSONError(JSONRule.INVALID, detail=str(exc)) from None
     # Escaped surrogates are the only way to spell one in valid UTF-8 JSON.
     if b"\\u" in raw and _has_lone_surrogate(value):
-        raise StrictJSONError(JSONRule.INVALID)
+        raise StrictJSONError(JSONRule.INVALID, detail="a string holds a lone UTF-16 surrogate")
     return value

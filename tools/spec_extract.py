@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from swama.tools import spec_overlay
 from swama.tools.spec_sources import DECISIONS, OPENAI, SYSTEMONE, Source
 
 # Keys that carry prose or vendor metadata rather than structure.
@@ -357,7 +358,16 @@ def extract_all(specs_dir: Path, openai: Path, decisions: Path, systemone: Path,
     pins = []
     for source, upstream, build, extra in jobs:
         target = specs_dir / source.doc
-        target.write_text(dump_yaml(build()), encoding="utf-8")
-        pins.append(pin_record(source, upstream, target, extra))
+        doc = build()
+        overlay = spec_overlay.overlay_path(specs_dir, source.doc)
+        for note in spec_overlay.apply_overlay_file(doc, overlay):
+            print(f"overlays/{source.doc}: {note}")
+        add_discriminator_mappings(doc["components"]["schemas"])  # for unions the overlay added
+        target.write_text(dump_yaml(doc), encoding="utf-8")
+        record = pin_record(source, upstream, target, extra)
+        if overlay.exists():
+            record["overlay"] = f"overlays/{source.doc}"
+            record["overlay_sha256"] = sha256_of(overlay)
+        pins.append(record)
     (specs_dir / "pins.json").write_text(json.dumps(pins, indent=2) + "\n", encoding="utf-8")
     return pins

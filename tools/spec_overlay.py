@@ -1,0 +1,111 @@
+"""Reviewed overlays that narrow an extracted document to what the server accepts.
+
+An overlay lives at `specs/overlays/<document>` (for example `specs/overlays/openai.yaml`) and uses
+the action list of the OpenAPI Overlay Specification 1.0:
+
+    overlay: 1.0.0
+    info: {title: ..., version: ...}
+    actions:
+      - target: $.components.schemas.DecisionCreateRequest.properties.model
+        update: {minLength: 1}           # objects merge recursively; other values replace
+      - target: $.components.schemas.CreateResponse.properties.previous_response_id
+        remove: true
+
+Targets are the plain-path subset of JSONPath (`$.a.b`, `$.a['b/c']`), each naming exactly one
+node. Overlays are applied at extraction, after prose is stripped and components are renamed, so the
+pinned documents (and the models generated from them) already say what the server accepts. What no
+schema can express stays in the handlers and is listed in the overlay's comments.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+_SEGMENT = re.compile(r"\.([A-Za-z0-9_$@-]+)|\['((?:[^'\\]|\\.)*)'\]")
+
+
+class OverlayError(ValueError):
+    pass
+
+
+def parse_target(target: str) -> list[str]:
+    if not target.startswith("$"):
+        raise OverlayError(f"overlay target must start with '$': {target!r}")
+    parts: list[str] = []
+    pos = 1
+    while pos < len(target):
+        match = _SEGMENT.match(target, pos)
+        if not match:
+            raise OverlayError(f"unsupported overlay target {target!r} at {target[pos:]!r}")
+        parts.append(match.group(1) if match.group(1) is not None else match.group(2).replace("\\'", "'"))
+        pos = match.end()
+    if not parts:
+        raise OverlayError("an overlay target must name a node below the document root")
+    return parts
+
+
+def _merge(into: dict[str, Any], update: dict[str, Any]) -> None:
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = copy.deepcopy(value)
+
+
+def _parent(doc: dict[str, Any], parts: list[str], create: bool) -> dict[str, Any] | None:
+    node: Any = doc
+    for part in parts[:-1]:
+        if not isinstance(node, dict):
+            return None
+        if part not in node:
+            if not create:
+                return None
+            node[part] = {}
+        node = node[part]
+    return node if isinstance(node, dict) else None
+
+
+def apply_overlay(doc: dict[str, Any], overlay: dict[str, Any]) -> list[str]:
+    """Apply `overlay` to `doc` in place; returns a note for every action that matched nothing."""
+    if not str(overlay.get("overlay", "")).startswith("1."):
+        raise OverlayError("an overlay needs `overlay: 1.0.0`")
+    notes = []
+    for index, action in enumerate(overlay.get("actions") or []):
+        target = action.get("target")
+        if not isinstance(target, str):
+            raise OverlayError(f"overlay action {index} has no target")
+        parts = parse_target(target)
+        if action.get("remove"):
+            parent = _parent(doc, parts, create=False)
+            if parent is None or parts[-1] not in parent:
+                notes.append(f"action {index}: {target} matched nothing to remove")
+                continue
+            del parent[parts[-1]]
+        elif "update" in action:
+            update = action["update"]
+            parent = _parent(doc, parts, create=True)
+            if parent is None:
+                raise OverlayError(f"overlay action {index}: {target} does not lead through objects")
+            if isinstance(update, dict) and isinstance(parent.get(parts[-1]), dict):
+                _merge(parent[parts[-1]], update)
+            else:
+                parent[parts[-1]] = copy.deepcopy(update)
+        else:
+            raise OverlayError(f"overlay action {index} ({target}) needs `update` or `remove: true`")
+    return notes
+
+
+def overlay_path(specs_dir: Path, document: str) -> Path:
+    return specs_dir / "overlays" / document
+
+
+def apply_overlay_file(doc: dict[str, Any], path: Path) -> list[str]:
+    """Apply the overlay at `path` when it exists (a document may have none)."""
+    if not path.exists():
+        return []
+    return apply_overlay(doc, yaml.safe_load(path.read_text(encoding="utf-8")))
