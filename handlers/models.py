@@ -1,20 +1,45 @@
-"""GET /v1/models: the OpenAI list shape over the local model store."""
+"""GET /v1/models: the installed models, in the OpenAI list shape and in System One's catalog shape.
+
+One body carries both (`object`/`data` for OpenAI clients, `models` for System One clients), so
+`client.models.list()` of either SDK reads it.
+"""
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
-from swama.engine.store import list_installed
+from swama.engine.store import InstalledModel, list_installed
 from swama.handlers.dispatch import Call, route
+from swama.handlers.systemone import SDK_DEFAULT_MODELS
+
+
+def _day(created: int) -> str:
+    return dt.datetime.fromtimestamp(created, dt.UTC).strftime("%Y-%m-%d")
+
+
+def _catalog_entry(model: InstalledModel) -> dict[str, str]:
+    source = f", from {model.source}" if model.source else ""
+    return {"name": model.id, "description": f"Installed model {model.id}{source}.",
+            "release_date": _day(model.created)}
 
 
 @route()
 async def list_models(call: Call, request: None) -> dict[str, Any]:
+    installed = list_installed(call.settings.models_root)
+    catalog = [_catalog_entry(m) for m in installed]
+    default = call.engine.store.find(call.settings.default_model) if call.settings.default_model else None
+    if default is not None:
+        # System One clients send its default name; here it means the model the server started with.
+        for alias in sorted(SDK_DEFAULT_MODELS):
+            catalog.insert(0, {"name": alias, "description": f"The server's default model ({default.id}).",
+                               "release_date": _day(default.created)})
     return {
         "object": "list",
         "data": [
             {"id": m.id, "object": "model", "created": m.created, "owned_by": "swama",
              "size_in_bytes": m.size_in_bytes}
-            for m in list_installed(call.settings.models_root)
+            for m in installed
         ],
+        "models": catalog,
     }

@@ -347,9 +347,15 @@ def dump_yaml(doc: dict[str, Any]) -> str:
                      Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper))
 
 
-def extract_all(specs_dir: Path, openai: Path, decisions: Path, systemone: Path, clef: Path) -> list[dict]:
-    """Write specs/*.yaml and specs/pins.json; returns the pin records."""
+def extract_all(specs_dir: Path, openai: Path | None = None, decisions: Path | None = None,
+                systemone: Path | None = None, clef: Path | None = None) -> list[dict]:
+    """Write specs/*.yaml and specs/pins.json from the upstream files given; a document whose upstream
+    file is not given keeps its pinned text and pin record. Returns the pin records."""
+    if (systemone is None) != (clef is None):
+        raise ValueError("the System One document is built from --systemone and --clef together")
     specs_dir.mkdir(parents=True, exist_ok=True)
+    pins_path = specs_dir / "pins.json"
+    old_pins = {p["document"]: p for p in json.loads(pins_path.read_text())} if pins_path.exists() else {}
     jobs = [
         (OPENAI, openai, lambda: extract_openai(openai), {}),
         (DECISIONS, decisions, lambda: extract_decisions(decisions), {}),
@@ -357,6 +363,11 @@ def extract_all(specs_dir: Path, openai: Path, decisions: Path, systemone: Path,
     ]
     pins = []
     for source, upstream, build, extra in jobs:
+        if upstream is None:
+            if source.doc not in old_pins:
+                raise ValueError(f"specs/{source.doc} has no pin yet: give its upstream file")
+            pins.append(old_pins[source.doc])
+            continue
         target = specs_dir / source.doc
         doc = build()
         overlay = spec_overlay.overlay_path(specs_dir, source.doc)
@@ -369,5 +380,5 @@ def extract_all(specs_dir: Path, openai: Path, decisions: Path, systemone: Path,
             record["overlay"] = f"overlays/{source.doc}"
             record["overlay_sha256"] = sha256_of(overlay)
         pins.append(record)
-    (specs_dir / "pins.json").write_text(json.dumps(pins, indent=2) + "\n", encoding="utf-8")
+    pins_path.write_text(json.dumps(pins, indent=2) + "\n", encoding="utf-8")
     return pins

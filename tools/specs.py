@@ -1,10 +1,13 @@
 """The spec pipeline's command line.
 
-    python -m swama.tools.specs extract  --openai F --decisions F --systemone F --clef F
+    python -m swama.tools.specs extract  [--openai F] [--decisions F] [--systemone F --clef F]
     python -m swama.tools.specs generate            # specs/ -> generated/
     python -m swama.tools.specs check               # exit 1 when generated/ is stale or hand-edited
     python -m swama.tools.specs diff OLD_DIR [NEW_DIR]
     python -m swama.tools.specs bump --openai F ... # extract, generate, print the schema diff, run tests
+
+Upstream files not given keep their pinned documents. Overlays in specs/overlays/ are applied at
+extraction; `--specs-dir`/`--generated-dir` point the commands at another tree (a trial bump).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from swama.tools import codegen, spec_diff, spec_extract
+from swama.tools.spec_sources import SOURCES
 
 REPO = Path(__file__).resolve().parent.parent
 SPECS = REPO / "specs"
@@ -24,16 +28,35 @@ GENERATED = REPO / "generated"
 
 
 def _add_upstream_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--openai", type=Path, required=True, help="openai/openai-openapi openapi.yaml")
-    parser.add_argument("--decisions", type=Path, required=True, help="the Decisions API document")
-    parser.add_argument("--systemone", type=Path, required=True, help="System One openapi.json")
-    parser.add_argument("--clef", type=Path, required=True, help="Cloudflare Clef model card (clef.json)")
+    parser.add_argument("--openai", type=Path, help="openai/openai-openapi openapi.yaml")
+    parser.add_argument("--decisions", type=Path, help="the Decisions API document")
+    parser.add_argument("--systemone", type=Path, help="System One openapi.json (with --clef)")
+    parser.add_argument("--clef", type=Path, help="Cloudflare Clef model card, clef.json (with --systemone)")
 
 
 def _extract(args: argparse.Namespace, specs_dir: Path) -> None:
-    pins = spec_extract.extract_all(specs_dir, args.openai, args.decisions, args.systemone, args.clef)
+    given = {"openai": args.openai, "decisions": args.decisions, "systemone": args.systemone, "clef": args.clef}
+    if not any(given.values()):
+        raise SystemExit("give at least one upstream file (--openai, --decisions, --systemone with --clef)")
+    pins = spec_extract.extract_all(specs_dir, **given)
+    names = {s.doc for key, s in SOURCES.items() if given[key]}
     for pin in pins:
-        print(f"wrote specs/{pin['document']}  ({pin['upstream_repo']} @ {pin['upstream_commit']})")
+        if pin["document"] in names:
+            print(f"wrote specs/{pin['document']}  ({pin['upstream_repo']} @ {pin['upstream_commit']})")
+
+
+def print_overlay_changes(old_dir: Path, new_dir: Path) -> None:
+    """Overlays are reviewed text: show every changed line, beside the schema diff they cause."""
+    import difflib
+
+    names = {p.name for d in (old_dir, new_dir) for p in (d / "overlays").glob("*.yaml")}
+    for name in sorted(names):
+        old = (old_dir / "overlays" / name).read_text().splitlines() if (old_dir / "overlays" / name).exists() else []
+        new = (new_dir / "overlays" / name).read_text().splitlines() if (new_dir / "overlays" / name).exists() else []
+        lines = list(difflib.unified_diff(old, new, f"old/overlays/{name}", f"new/overlays/{name}", lineterm=""))
+        print(f"== overlays/{name}: {'changed' if lines else 'unchanged'}")
+        for line in lines[2:]:
+            print("  " + line)
 
 
 def print_diff(old_dir: Path, new_dir: Path) -> int:
@@ -50,46 +73,69 @@ def print_diff(old_dir: Path, new_dir: Path) -> int:
     return changed
 
 
+def print_overlay_pins(old_dir: Path, new_dir: Path) -> None:
+    """Which overlays differ from the ones the previous pins were made with."""
+    import json
+
+    def pins(folder: Path) -> dict[str, dict]:
+        path = folder / "pins.json"
+        return {p["document"]: p for p in json.loads(path.read_text())} if path.exists() else {}
+
+    old, new = pins(old_dir), pins(new_dir)
+    for document, pin in new.items():
+        if "overlay" not in pin:
+            continue
+        same = old.get(document, {}).get("overlay_sha256") == pin["overlay_sha256"]
+        print(f"== {pin['overlay']}: " + ("unchanged since the last pin" if same else
+                                         f"changed since the last pin; review it: git diff specs/{pin['overlay']}"))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m swama.tools.specs", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--specs-dir", type=Path, default=None, help="the specs folder (default: specs/)")
+    parser.add_argument("--generated-dir", type=Path, default=None,
+                        help="the generated folder (default: generated/)")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_upstream_args(sub.add_parser("extract", help="upstream files -> specs/"))
     sub.add_parser("generate", help="specs/ -> generated/")
     sub.add_parser("check", help="fail when generated/ differs from a fresh compile of specs/")
     d = sub.add_parser("diff", help="schema changes between two specs folders")
     d.add_argument("old", type=Path)
-    d.add_argument("new", type=Path, nargs="?", default=SPECS)
+    d.add_argument("new", type=Path, nargs="?", default=None)
     b = sub.add_parser("bump", help="extract + generate + diff + run the tests")
     _add_upstream_args(b)
     b.add_argument("--no-tests", action="store_true")
     args = parser.parse_args(argv)
+    specs_dir = args.specs_dir or SPECS
+    generated_dir = args.generated_dir or GENERATED
 
     if args.command == "extract":
-        _extract(args, SPECS)
+        _extract(args, specs_dir)
     elif args.command == "generate":
-        for name in codegen.write(SPECS, GENERATED):
+        for name in codegen.write(specs_dir, generated_dir):
             print(f"wrote generated/{name}")
     elif args.command == "check":
-        stale = codegen.check(SPECS, GENERATED)
+        stale = codegen.check(specs_dir, generated_dir)
         if stale:
             print("generated/ is out of date with specs/ (or was edited by hand): " + ", ".join(stale))
             print("run: python -m swama.tools.specs generate")
             return 1
         print("generated/ is up to date")
     elif args.command == "diff":
-        print_diff(args.old, args.new)
+        print_diff(args.old, args.new or specs_dir)
+        print_overlay_changes(args.old, args.new or specs_dir)
     elif args.command == "bump":
         with tempfile.TemporaryDirectory() as tmp:
             before = Path(tmp) / "before"
-            shutil.copytree(SPECS, before)
-            _extract(args, SPECS)
-            codegen.write(SPECS, GENERATED)
-            print_diff(before, SPECS)
+            shutil.copytree(specs_dir, before)
+            _extract(args, specs_dir)
+            codegen.write(specs_dir, generated_dir)
+            print_diff(before, specs_dir)
+            print_overlay_pins(before, specs_dir)
         if not args.no_tests:
             return subprocess.call([sys.executable, "-m", "pytest", "-q", str(REPO / "tests")], cwd=REPO)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
