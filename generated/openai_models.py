@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import date
-from enum import StrEnum
+from enum import Enum, StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -1136,10 +1136,6 @@ class ContextManagementParam(BaseModel):
     compact_threshold: ContextManagementParamCompactThreshold | None = None
 
 
-class ContextManagement(RootModel[list[ContextManagementParam]]):
-    root: Annotated[list[ContextManagementParam], Field(min_length=1)]
-
-
 class ContextManagementParamCompactThreshold(RootModel[StrictInt]):
     root: Annotated[StrictInt, Field(ge=1000)]
 
@@ -1304,6 +1300,65 @@ class CreateModelResponsePropertiesTopLogprobs(RootModel[StrictInt]):
 
 class CreateModelResponsePropertiesTopLogprobs1(RootModel[None]):
     root: None
+
+
+class CreateResponse(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    model: Annotated[StrictStr, Field(min_length=1)]
+    input: CreateResponseInput | CreateResponseInput1
+    instructions: StrictStr | None = None
+    stream: StrictBool = False
+    temperature: Annotated[StrictFloat | None, Field(ge=0.0, le=2.0)] = None
+    top_p: Annotated[StrictFloat | None, Field(ge=0.0, le=1.0)] = None
+    max_output_tokens: (
+        CreateResponseMaxOutputTokens | CreateResponseMaxOutputTokens1 | None
+    ) = None
+    tools: Annotated[list[ResponsesRequestTool], Field(validate_default=True)] = []
+    tool_choice: CreateResponseToolChoice = "auto"
+    text: ResponsesRequestText | None = None
+    truncation: CreateResponseTruncation = "disabled"
+    store: CreateResponseStore = False
+    background: CreateResponseBackground = False
+    parallel_tool_calls: StrictBool = False
+    client_metadata: dict[str, Any] = {}
+    prompt_cache_key: StrictStr = ""
+    reasoning: ResponsesRequestReasoning | None = None
+    include: list[CreateResponseIncludeEnum] = []
+
+
+class CreateResponseBackground(Enum):
+    boolean_False = False
+
+
+class CreateResponseIncludeEnum(StrEnum):
+    reasoning_encrypted_content = "reasoning.encrypted_content"
+
+
+class CreateResponseInput(RootModel[StrictStr]):
+    root: Annotated[StrictStr, Field(min_length=1)]
+
+
+class CreateResponseMaxOutputTokens(RootModel[StrictInt]):
+    root: Annotated[StrictInt, Field(ge=1, le=9007199254740992)]
+
+
+class CreateResponseMaxOutputTokens1(RootModel[StrictFloat]):
+    root: Annotated[StrictFloat, Field(ge=1.0, le=9007199254740991.0, multiple_of=1.0)]
+
+
+class CreateResponseStore(Enum):
+    boolean_False = False
+
+
+class CreateResponseToolChoice(StrEnum):
+    auto = "auto"
+    none = "none"
+
+
+class CreateResponseTruncation(StrEnum):
+    disabled = "disabled"
 
 
 class CreateSpeechRequest(BaseModel):
@@ -2612,10 +2667,6 @@ class MCPToolType(StrEnum):
     mcp = "mcp"
 
 
-class MaxOutputTokens(RootModel[StrictInt]):
-    root: Annotated[StrictInt, Field(ge=16)]
-
-
 class MessagePhase(StrEnum):
     commentary = "commentary"
     final_answer = "final_answer"
@@ -3788,23 +3839,6 @@ class ResponseProperties(BaseModel):
     prompt: Prompt | None = None
 
 
-class CreateResponse(CreateModelResponseProperties, ResponseProperties):
-    service_tier: ServiceTierResponses | None = None
-    truncation: Truncation | None = None
-    reasoning: Reasoning | None = None
-    input: InputParam | None = None
-    include: list[IncludeEnum] | None = None
-    parallel_tool_calls: StrictBool | None = None
-    store: StrictBool | None = None
-    instructions: StrictStr | None = None
-    moderation: ModerationParam | None = None
-    stream: StrictBool | None = None
-    stream_options: ResponseStreamOptions | None = None
-    conversation: ConversationParam | None = None
-    context_management: ContextManagement | None = None
-    max_output_tokens: MaxOutputTokens | None = None
-
-
 class Response(ModelResponseProperties, ResponseProperties):
     service_tier: ServiceTierResponses | None = None
     truncation: Truncation | None = None
@@ -4192,6 +4226,199 @@ class ResponseStreamEvent(
 
 class ResponseWebSearchCallSearchingEventType(StrEnum):
     response_web_search_call_searching = "response.web_search_call.searching"
+
+
+class ResponsesRequestFunctionCallItem(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    type: ResponsesRequestFunctionCallItemType
+    call_id: Annotated[StrictStr, Field(min_length=1)]
+    name: Annotated[StrictStr, Field(min_length=1)]
+    arguments: StrictStr
+    id: Annotated[StrictStr | None, Field(min_length=1)] = None
+    status: ResponsesRequestItemStatus | None = None
+
+
+class ResponsesRequestFunctionCallItemType(StrEnum):
+    function_call = "function_call"
+
+
+class ResponsesRequestFunctionCallOutputItem(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    type: ResponsesRequestFunctionCallOutputItemType
+    call_id: Annotated[StrictStr, Field(min_length=1)]
+    output: StrictStr
+    id: Annotated[StrictStr | None, Field(min_length=1)] = None
+    status: ResponsesRequestItemStatus | None = None
+
+
+class ResponsesRequestFunctionCallOutputItemType(StrEnum):
+    function_call_output = "function_call_output"
+
+
+class ResponsesRequestFunctionTool(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    type: Literal["function"]
+    name: Annotated[StrictStr, Field(min_length=1)]
+    description: StrictStr | None = None
+    parameters: dict[str, Any] = {}
+    strict: ResponsesRequestFunctionToolStrict = False
+
+
+class ResponsesRequestFunctionToolStrict(Enum):
+    boolean_False = False
+
+
+class ResponsesRequestFunctionToolType(StrEnum):
+    function = "function"
+
+
+class ResponsesRequestImagePart(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    type: Literal["input_image"]
+    image_url: StrictStr
+    detail: ResponsesRequestImagePartDetail = "auto"
+
+
+class ResponsesRequestImagePartDetail(StrEnum):
+    auto = "auto"
+
+
+class ResponsesRequestImagePartType(StrEnum):
+    input_image = "input_image"
+
+
+class ResponsesRequestItemStatus(StrEnum):
+    in_progress = "in_progress"
+    completed = "completed"
+    incomplete = "incomplete"
+
+
+class ResponsesRequestMessageItem(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    type: ResponsesRequestMessageItemType = "message"
+    role: ResponsesRequestMessageItemRole = "user"
+    content: StrictStr | ResponsesRequestMessageItemContent
+    id: Annotated[StrictStr | None, Field(min_length=1)] = None
+    status: ResponsesRequestItemStatus | None = None
+
+
+class ResponsesRequestInputItem(
+    RootModel[
+        ResponsesRequestMessageItem
+        | ResponsesRequestFunctionCallItem
+        | ResponsesRequestFunctionCallOutputItem
+    ]
+):
+    root: ResponsesRequestMessageItem | ResponsesRequestFunctionCallItem | ResponsesRequestFunctionCallOutputItem
+
+
+class CreateResponseInput1(RootModel[list[ResponsesRequestInputItem]]):
+    root: Annotated[list[ResponsesRequestInputItem], Field(min_length=1)]
+
+
+class ResponsesRequestMessageItemRole(StrEnum):
+    user = "user"
+    developer = "developer"
+    system = "system"
+    assistant = "assistant"
+    tool = "tool"
+
+
+class ResponsesRequestMessageItemType(StrEnum):
+    message = "message"
+
+
+class ResponsesRequestReasoning(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    summary: ResponsesRequestReasoningSummary = "auto"
+
+
+class ResponsesRequestReasoningSummary(StrEnum):
+    auto = "auto"
+
+
+class ResponsesRequestText(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    format: ResponsesRequestTextFormat | None = None
+
+
+class ResponsesRequestTextFormat(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    type: ResponsesRequestTextFormatType
+
+
+class ResponsesRequestTextFormatType(StrEnum):
+    text = "text"
+
+
+class ResponsesRequestTextPart(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    type: Literal["input_text", "output_text", "text"]
+    text: StrictStr
+    annotations: Annotated[list[Any], Field(max_length=0)] = []
+    logprobs: Annotated[list[Any], Field(max_length=0)] = []
+
+
+class ResponsesRequestContentPart(
+    RootModel[ResponsesRequestTextPart | ResponsesRequestImagePart]
+):
+    root: Annotated[
+        ResponsesRequestTextPart | ResponsesRequestImagePart,
+        Field(discriminator="type"),
+    ]
+
+
+class ResponsesRequestMessageItemContent(RootModel[list[ResponsesRequestContentPart]]):
+    root: Annotated[list[ResponsesRequestContentPart], Field(min_length=1)]
+
+
+class ResponsesRequestTextPartType(StrEnum):
+    input_text = "input_text"
+    output_text = "output_text"
+    text = "text"
+
+
+class ResponsesRequestWebSearchTool(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    type: Literal["web_search"]
+    external_web_access: ResponsesRequestWebSearchToolExternalWebAccess
+
+
+class ResponsesRequestTool(
+    RootModel[ResponsesRequestFunctionTool | ResponsesRequestWebSearchTool]
+):
+    root: Annotated[
+        ResponsesRequestFunctionTool | ResponsesRequestWebSearchTool,
+        Field(discriminator="type"),
+    ]
+
+
+class ResponsesRequestWebSearchToolExternalWebAccess(Enum):
+    boolean_False = False
+
+
+class ResponsesRequestWebSearchToolType(StrEnum):
+    web_search = "web_search"
 
 
 class ScreenshotParam(BaseModel):
@@ -5132,7 +5359,6 @@ ResponseIncompleteEvent.model_rebuild()
 ResponseOutputItemAddedEvent.model_rebuild()
 ResponseOutputItemDoneEvent.model_rebuild()
 ResponseProperties.model_rebuild()
-CreateResponse.model_rebuild()
 Response.model_rebuild()
 ToolSearchOutput.model_rebuild()
 ToolSearchOutputItemParam.model_rebuild()
