@@ -219,20 +219,6 @@ class ApproximateLocationType(StrEnum):
     approximate = "approximate"
 
 
-class Audio(BaseModel):
-    voice: VoiceIdsOrCustomVoice
-    format: AudioFormat
-
-
-class AudioFormat(StrEnum):
-    wav = "wav"
-    aac = "aac"
-    mp3 = "mp3"
-    flac = "flac"
-    opus = "opus"
-    pcm16 = "pcm16"
-
-
 class AudioResponseFormat(StrEnum):
     json = "json"
     text = "text"
@@ -1153,6 +1139,83 @@ class CoordParam(BaseModel):
     y: StrictInt
 
 
+class CreateChatCompletionRequest(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    model: ModelIdsShared
+    messages: Annotated[list[ChatCompletionRequestMessage], Field(min_length=1)]
+    stream: StrictBool | None = None
+    temperature: CreateChatCompletionRequestTemperature | None = None
+    top_p: CreateChatCompletionRequestTopP | None = None
+    max_tokens: CreateChatCompletionRequestMaxTokens | None = None
+    max_completion_tokens: CreateChatCompletionRequestMaxCompletionTokens | None = None
+    presence_penalty: CreateChatCompletionRequestPresencePenalty | None = None
+    frequency_penalty: CreateChatCompletionRequestFrequencyPenalty | None = None
+    seed: StrictInt | None = None
+    stop: StopConfiguration | None = None
+    tools: list[ChatCompletionTool] | None = None
+    tool_choice: ChatCompletionToolChoiceOption | None = None
+    n: CreateChatCompletionRequestN | None = None
+    logprobs: CreateChatCompletionRequestLogprobs | None = None
+    modalities: CreateChatCompletionRequestModalities | None = None
+    response_format: ResponseFormatText | None = None
+    top_k: Annotated[StrictInt | None, Field(ge=0)] = None
+    min_p: Annotated[StrictFloat | None, Field(ge=0.0, le=1.0)] = None
+    repetition_penalty: CreateChatCompletionRequestRepetitionPenalty | None = None
+    repetition_context_size: Annotated[StrictInt | None, Field(ge=1)] = None
+    context_limit: Annotated[StrictInt | None, Field(ge=1)] = None
+
+
+class CreateChatCompletionRequestFrequencyPenalty(RootModel[StrictFloat]):
+    root: Annotated[StrictFloat, Field(ge=-2.0, le=2.0)]
+
+
+class CreateChatCompletionRequestLogprobs(Enum):
+    boolean_False = False
+
+
+class CreateChatCompletionRequestMaxCompletionTokens(RootModel[StrictInt]):
+    root: Annotated[StrictInt, Field(ge=1)]
+
+
+class CreateChatCompletionRequestMaxTokens(RootModel[StrictInt]):
+    root: Annotated[StrictInt, Field(ge=1)]
+
+
+class CreateChatCompletionRequestModalitiesCreateChatCompletionRequestModality(StrEnum):
+    text = "text"
+
+
+class CreateChatCompletionRequestModalities(
+    RootModel[list[CreateChatCompletionRequestModalitiesCreateChatCompletionRequestModality]]
+):
+    root: Annotated[
+        list[CreateChatCompletionRequestModalitiesCreateChatCompletionRequestModality],
+        Field(max_length=1, min_length=1),
+    ]
+
+
+class CreateChatCompletionRequestN(RootModel[StrictInt]):
+    root: Annotated[StrictInt, Field(ge=1, le=1)]
+
+
+class CreateChatCompletionRequestPresencePenalty(RootModel[StrictFloat]):
+    root: Annotated[StrictFloat, Field(ge=-2.0, le=2.0)]
+
+
+class CreateChatCompletionRequestRepetitionPenalty(RootModel[StrictFloat]):
+    root: Annotated[StrictFloat, Field(ge=0.0)]
+
+
+class CreateChatCompletionRequestTemperature(RootModel[StrictFloat]):
+    root: Annotated[StrictFloat, Field(ge=0.0, le=2.0)]
+
+
+class CreateChatCompletionRequestTopP(RootModel[StrictFloat]):
+    root: Annotated[StrictFloat, Field(ge=0.0, le=1.0)]
+
+
 class CreateChatCompletionResponse(BaseModel):
     id: StrictStr
     choices: list[CreateChatCompletionResponseChoice]
@@ -1292,14 +1355,6 @@ class CreateEmbeddingResponseObject(StrEnum):
 class CreateEmbeddingResponseUsage(BaseModel):
     prompt_tokens: StrictInt
     total_tokens: StrictInt
-
-
-class CreateModelResponsePropertiesTopLogprobs(RootModel[StrictInt]):
-    root: Annotated[StrictInt, Field(ge=0, le=20)]
-
-
-class CreateModelResponsePropertiesTopLogprobs1(RootModel[None]):
-    root: None
 
 
 class CreateResponse(BaseModel):
@@ -1765,11 +1820,6 @@ class FileSearchToolType(StrEnum):
 
 class Filters(RootModel[ComparisonFilter | CompoundFilter]):
     root: ComparisonFilter | CompoundFilter
-
-
-class FunctionCall(StrEnum):
-    none = "none"
-    auto = "auto"
 
 
 class FunctionCallItemStatus(StrEnum):
@@ -2828,54 +2878,7 @@ class ModelResponseProperties(BaseModel):
 
 class CreateModelResponseProperties(ModelResponseProperties):
     prompt_cache_options: PromptCacheOptionsParam | None = None
-    top_logprobs: (
-        CreateModelResponsePropertiesTopLogprobs
-        | CreateModelResponsePropertiesTopLogprobs1
-        | None
-    ) = None
-
-
-class CreateChatCompletionRequest(CreateModelResponseProperties):
-    messages: Annotated[list[ChatCompletionRequestMessage], Field(min_length=1)]
-    model: ModelIdsShared
-    service_tier: ServiceTier | None = None
-    modalities: ResponseModalities | None = None
-    verbosity: Verbosity | None = None
-    reasoning_effort: ReasoningEffort | None = None
-    max_completion_tokens: StrictInt | None = None
-    frequency_penalty: Annotated[StrictFloat | None, Field(ge=-2.0, le=2.0)] = 0
-    presence_penalty: Annotated[StrictFloat | None, Field(ge=-2.0, le=2.0)] = 0
-    web_search_options: Annotated[
-        WebSearchOptions | None, Field(title="Web search")
-    ] = None
-    top_logprobs: Annotated[StrictInt | None, Field(ge=0, le=20)] = None
-    response_format: Annotated[
-        ResponseFormatText | ResponseFormatJsonSchema | ResponseFormatJsonObject | None,
-        Field(discriminator="type"),
-    ] = None
-    audio: Audio | None = None
-    store: StrictBool | None = False
-    moderation: ModerationParam | None = None
-    stream: StrictBool | None = False
-    stop: StopConfiguration | None = None
-    logit_bias: dict[str, StrictInt] | None = None
-    logprobs: StrictBool | None = False
-    max_tokens: StrictInt | None = None
-    n: Annotated[StrictInt | None, Field(ge=1, le=128)] = 1
-    prediction: PredictionContent | None = None
-    seed: Annotated[
-        StrictInt | None, Field(ge=-9223372036854776000, le=9223372036854776000)
-    ] = None
-    stream_options: ChatCompletionStreamOptions | None = None
-    tools: list[ChatCompletionTool | CustomToolChatCompletions] | None = None
-    tool_choice: ChatCompletionToolChoiceOption | None = None
-    parallel_tool_calls: Annotated[
-        ParallelToolCalls | None, Field(validate_default=True)
-    ] = True
-    function_call: FunctionCall | ChatCompletionFunctionCallOption | None = None
-    functions: Annotated[
-        list[ChatCompletionFunctions] | None, Field(max_length=128, min_length=1)
-    ] = None
+    top_logprobs: TopLogprobs | TopLogprobs1 | None = None
 
 
 class ModelResponsePropertiesPromptCacheRetention(StrEnum):
@@ -3537,7 +3540,7 @@ class ResponseFileSearchCallSearchingEventType(StrEnum):
 
 
 class ResponseFormatJsonObject(BaseModel):
-    type: Literal["json_object"]
+    type: ResponseFormatJsonObjectType
 
 
 class ResponseFormatJsonObjectType(StrEnum):
@@ -3545,7 +3548,7 @@ class ResponseFormatJsonObjectType(StrEnum):
 
 
 class ResponseFormatJsonSchema(BaseModel):
-    type: Literal["json_schema"]
+    type: ResponseFormatJsonSchemaType
     json_schema: Annotated[
         ResponseFormatJsonSchemaJsonSchema, Field(title="JSON schema")
     ]
@@ -3571,7 +3574,7 @@ class ResponseFormatJsonSchemaType(StrEnum):
 
 
 class ResponseFormatText(BaseModel):
-    type: Literal["text"]
+    type: ResponseFormatTextType
 
 
 class ResponseFormatTextType(StrEnum):
@@ -4784,6 +4787,14 @@ class TopLogProb(BaseModel):
     bytes: list[StrictInt]
 
 
+class TopLogprobs(RootModel[StrictInt]):
+    root: Annotated[StrictInt, Field(ge=0, le=20)]
+
+
+class TopLogprobs1(RootModel[None]):
+    root: None
+
+
 class TranscriptTextDeltaEvent(BaseModel):
     type: Literal["transcript.text.delta"]
     delta: StrictStr
@@ -5130,20 +5141,6 @@ class WebSearchLocation(BaseModel):
     region: StrictStr | None = None
     city: StrictStr | None = None
     timezone: StrictStr | None = None
-
-
-class WebSearchOptions(BaseModel):
-    user_location: WebSearchOptionsUserLocation | None = None
-    search_context_size: WebSearchContextSize | None = "medium"
-
-
-class WebSearchOptionsUserLocation(BaseModel):
-    type: WebSearchOptionsUserLocationType
-    approximate: WebSearchLocation
-
-
-class WebSearchOptionsUserLocationType(StrEnum):
-    approximate = "approximate"
 
 
 class WebSearchPreviewTool(BaseModel):
