@@ -18,11 +18,16 @@ from swama.engine.errors import Cancelled, EngineError
 from swama.engine.model import LoadedModel
 from swama.engine.tool_calls import ToolCall, ToolCallSplitter, tool_format
 
+# The one place sampling defaults live: every route and the CLI leave unset options to these.
+DEFAULT_TEMPERATURE = 0.6
+DEFAULT_TOP_P = 1.0
+OUT_OF_RANGE = "Generation options are outside their supported ranges."
+
 
 @dataclass(frozen=True)
 class Sampling:
-    temperature: float = 0.6
-    top_p: float = 1.0
+    temperature: float = DEFAULT_TEMPERATURE
+    top_p: float = DEFAULT_TOP_P
     top_k: int = 0
     min_p: float = 0.0
     repetition_penalty: float | None = None
@@ -37,7 +42,7 @@ class Sampling:
               and self.repetition_context_size > 0
               and all(p is None or -2 <= p <= 2 for p in (self.presence_penalty, self.frequency_penalty)))
         if not ok:
-            raise EngineError(400, "Generation options are outside their supported ranges.")
+            raise EngineError(400, OUT_OF_RANGE)
 
 
 @dataclass
@@ -85,7 +90,7 @@ def prepare(model: LoadedModel, request: ChatRequest) -> Prompt:
         raise EngineError(400, "Generation requires at least one message.")
     request.sampling.check()
     if request.max_tokens is not None and request.max_tokens <= 0:
-        raise EngineError(400, "Generation options are outside their supported ranges.")
+        raise EngineError(400, OUT_OF_RANGE)
     return build_prompt(model.tokenizer, request.messages, request.tools, request.context_limit,
                         native_tools(model))
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import date
-from enum import StrEnum
+from enum import Enum, StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -217,20 +217,6 @@ class ApproximateLocation(BaseModel):
 
 class ApproximateLocationType(StrEnum):
     approximate = "approximate"
-
-
-class Audio(BaseModel):
-    voice: VoiceIdsOrCustomVoice
-    format: AudioFormat
-
-
-class AudioFormat(StrEnum):
-    wav = "wav"
-    aac = "aac"
-    mp3 = "mp3"
-    flac = "flac"
-    opus = "opus"
-    pcm16 = "pcm16"
 
 
 class AudioResponseFormat(StrEnum):
@@ -1136,10 +1122,6 @@ class ContextManagementParam(BaseModel):
     compact_threshold: ContextManagementParamCompactThreshold | None = None
 
 
-class ContextManagement(RootModel[list[ContextManagementParam]]):
-    root: Annotated[list[ContextManagementParam], Field(min_length=1)]
-
-
 class ContextManagementParamCompactThreshold(RootModel[StrictInt]):
     root: Annotated[StrictInt, Field(ge=1000)]
 
@@ -1155,6 +1137,83 @@ class ConversationParam(RootModel[StrictStr | ConversationParam2]):
 class CoordParam(BaseModel):
     x: StrictInt
     y: StrictInt
+
+
+class CreateChatCompletionRequest(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    model: ModelIdsShared
+    messages: Annotated[list[ChatCompletionRequestMessage], Field(min_length=1)]
+    stream: StrictBool | None = None
+    temperature: CreateChatCompletionRequestTemperature | None = None
+    top_p: CreateChatCompletionRequestTopP | None = None
+    max_tokens: CreateChatCompletionRequestMaxTokens | None = None
+    max_completion_tokens: CreateChatCompletionRequestMaxCompletionTokens | None = None
+    presence_penalty: CreateChatCompletionRequestPresencePenalty | None = None
+    frequency_penalty: CreateChatCompletionRequestFrequencyPenalty | None = None
+    seed: StrictInt | None = None
+    stop: StopConfiguration | None = None
+    tools: list[ChatCompletionTool] | None = None
+    tool_choice: ChatCompletionToolChoiceOption | None = None
+    n: CreateChatCompletionRequestN | None = None
+    logprobs: CreateChatCompletionRequestLogprobs | None = None
+    modalities: CreateChatCompletionRequestModalities | None = None
+    response_format: ResponseFormatText | None = None
+    top_k: Annotated[StrictInt | None, Field(ge=0)] = None
+    min_p: Annotated[StrictFloat | None, Field(ge=0.0, le=1.0)] = None
+    repetition_penalty: CreateChatCompletionRequestRepetitionPenalty | None = None
+    repetition_context_size: Annotated[StrictInt | None, Field(ge=1)] = None
+    context_limit: Annotated[StrictInt | None, Field(ge=1)] = None
+
+
+class CreateChatCompletionRequestFrequencyPenalty(RootModel[StrictFloat]):
+    root: Annotated[StrictFloat, Field(ge=-2.0, le=2.0)]
+
+
+class CreateChatCompletionRequestLogprobs(Enum):
+    boolean_False = False
+
+
+class CreateChatCompletionRequestMaxCompletionTokens(RootModel[StrictInt]):
+    root: Annotated[StrictInt, Field(ge=1)]
+
+
+class CreateChatCompletionRequestMaxTokens(RootModel[StrictInt]):
+    root: Annotated[StrictInt, Field(ge=1)]
+
+
+class CreateChatCompletionRequestModalitiesCreateChatCompletionRequestModality(StrEnum):
+    text = "text"
+
+
+class CreateChatCompletionRequestModalities(
+    RootModel[list[CreateChatCompletionRequestModalitiesCreateChatCompletionRequestModality]]
+):
+    root: Annotated[
+        list[CreateChatCompletionRequestModalitiesCreateChatCompletionRequestModality],
+        Field(max_length=1, min_length=1),
+    ]
+
+
+class CreateChatCompletionRequestN(RootModel[StrictInt]):
+    root: Annotated[StrictInt, Field(ge=1, le=1)]
+
+
+class CreateChatCompletionRequestPresencePenalty(RootModel[StrictFloat]):
+    root: Annotated[StrictFloat, Field(ge=-2.0, le=2.0)]
+
+
+class CreateChatCompletionRequestRepetitionPenalty(RootModel[StrictFloat]):
+    root: Annotated[StrictFloat, Field(ge=0.0)]
+
+
+class CreateChatCompletionRequestTemperature(RootModel[StrictFloat]):
+    root: Annotated[StrictFloat, Field(ge=0.0, le=2.0)]
+
+
+class CreateChatCompletionRequestTopP(RootModel[StrictFloat]):
+    root: Annotated[StrictFloat, Field(ge=0.0, le=1.0)]
 
 
 class CreateChatCompletionResponse(BaseModel):
@@ -1298,12 +1357,63 @@ class CreateEmbeddingResponseUsage(BaseModel):
     total_tokens: StrictInt
 
 
-class CreateModelResponsePropertiesTopLogprobs(RootModel[StrictInt]):
-    root: Annotated[StrictInt, Field(ge=0, le=20)]
+class CreateResponse(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    model: Annotated[StrictStr, Field(min_length=1)]
+    input: CreateResponseInput | CreateResponseInput1
+    instructions: StrictStr | None = None
+    stream: StrictBool = False
+    temperature: Annotated[StrictFloat | None, Field(ge=0.0, le=2.0)] = None
+    top_p: Annotated[StrictFloat | None, Field(ge=0.0, le=1.0)] = None
+    max_output_tokens: (
+        CreateResponseMaxOutputTokens | CreateResponseMaxOutputTokens1 | None
+    ) = None
+    tools: Annotated[list[ResponsesRequestTool], Field(validate_default=True)] = []
+    tool_choice: CreateResponseToolChoice = "auto"
+    text: ResponsesRequestText | None = None
+    truncation: CreateResponseTruncation = "disabled"
+    store: CreateResponseStore = False
+    background: CreateResponseBackground = False
+    parallel_tool_calls: StrictBool = False
+    client_metadata: dict[str, Any] = {}
+    prompt_cache_key: StrictStr = ""
+    reasoning: ResponsesRequestReasoning | None = None
+    include: list[CreateResponseIncludeEnum] = []
 
 
-class CreateModelResponsePropertiesTopLogprobs1(RootModel[None]):
-    root: None
+class CreateResponseBackground(Enum):
+    boolean_False = False
+
+
+class CreateResponseIncludeEnum(StrEnum):
+    reasoning_encrypted_content = "reasoning.encrypted_content"
+
+
+class CreateResponseInput(RootModel[StrictStr]):
+    root: Annotated[StrictStr, Field(min_length=1)]
+
+
+class CreateResponseMaxOutputTokens(RootModel[StrictInt]):
+    root: Annotated[StrictInt, Field(ge=1, le=9007199254740992)]
+
+
+class CreateResponseMaxOutputTokens1(RootModel[StrictFloat]):
+    root: Annotated[StrictFloat, Field(ge=1.0, le=9007199254740991.0, multiple_of=1.0)]
+
+
+class CreateResponseStore(Enum):
+    boolean_False = False
+
+
+class CreateResponseToolChoice(StrEnum):
+    auto = "auto"
+    none = "none"
+
+
+class CreateResponseTruncation(StrEnum):
+    disabled = "disabled"
 
 
 class CreateSpeechRequest(BaseModel):
@@ -1710,11 +1820,6 @@ class FileSearchToolType(StrEnum):
 
 class Filters(RootModel[ComparisonFilter | CompoundFilter]):
     root: ComparisonFilter | CompoundFilter
-
-
-class FunctionCall(StrEnum):
-    none = "none"
-    auto = "auto"
 
 
 class FunctionCallItemStatus(StrEnum):
@@ -2612,10 +2717,6 @@ class MCPToolType(StrEnum):
     mcp = "mcp"
 
 
-class MaxOutputTokens(RootModel[StrictInt]):
-    root: Annotated[StrictInt, Field(ge=16)]
-
-
 class MessagePhase(StrEnum):
     commentary = "commentary"
     final_answer = "final_answer"
@@ -2777,54 +2878,7 @@ class ModelResponseProperties(BaseModel):
 
 class CreateModelResponseProperties(ModelResponseProperties):
     prompt_cache_options: PromptCacheOptionsParam | None = None
-    top_logprobs: (
-        CreateModelResponsePropertiesTopLogprobs
-        | CreateModelResponsePropertiesTopLogprobs1
-        | None
-    ) = None
-
-
-class CreateChatCompletionRequest(CreateModelResponseProperties):
-    messages: Annotated[list[ChatCompletionRequestMessage], Field(min_length=1)]
-    model: ModelIdsShared
-    service_tier: ServiceTier | None = None
-    modalities: ResponseModalities | None = None
-    verbosity: Verbosity | None = None
-    reasoning_effort: ReasoningEffort | None = None
-    max_completion_tokens: StrictInt | None = None
-    frequency_penalty: Annotated[StrictFloat | None, Field(ge=-2.0, le=2.0)] = 0
-    presence_penalty: Annotated[StrictFloat | None, Field(ge=-2.0, le=2.0)] = 0
-    web_search_options: Annotated[
-        WebSearchOptions | None, Field(title="Web search")
-    ] = None
-    top_logprobs: Annotated[StrictInt | None, Field(ge=0, le=20)] = None
-    response_format: Annotated[
-        ResponseFormatText | ResponseFormatJsonSchema | ResponseFormatJsonObject | None,
-        Field(discriminator="type"),
-    ] = None
-    audio: Audio | None = None
-    store: StrictBool | None = False
-    moderation: ModerationParam | None = None
-    stream: StrictBool | None = False
-    stop: StopConfiguration | None = None
-    logit_bias: dict[str, StrictInt] | None = None
-    logprobs: StrictBool | None = False
-    max_tokens: StrictInt | None = None
-    n: Annotated[StrictInt | None, Field(ge=1, le=128)] = 1
-    prediction: PredictionContent | None = None
-    seed: Annotated[
-        StrictInt | None, Field(ge=-9223372036854776000, le=9223372036854776000)
-    ] = None
-    stream_options: ChatCompletionStreamOptions | None = None
-    tools: list[ChatCompletionTool | CustomToolChatCompletions] | None = None
-    tool_choice: ChatCompletionToolChoiceOption | None = None
-    parallel_tool_calls: Annotated[
-        ParallelToolCalls | None, Field(validate_default=True)
-    ] = True
-    function_call: FunctionCall | ChatCompletionFunctionCallOption | None = None
-    functions: Annotated[
-        list[ChatCompletionFunctions] | None, Field(max_length=128, min_length=1)
-    ] = None
+    top_logprobs: TopLogprobs | TopLogprobs1 | None = None
 
 
 class ModelResponsePropertiesPromptCacheRetention(StrEnum):
@@ -3486,7 +3540,7 @@ class ResponseFileSearchCallSearchingEventType(StrEnum):
 
 
 class ResponseFormatJsonObject(BaseModel):
-    type: Literal["json_object"]
+    type: ResponseFormatJsonObjectType
 
 
 class ResponseFormatJsonObjectType(StrEnum):
@@ -3494,7 +3548,7 @@ class ResponseFormatJsonObjectType(StrEnum):
 
 
 class ResponseFormatJsonSchema(BaseModel):
-    type: Literal["json_schema"]
+    type: ResponseFormatJsonSchemaType
     json_schema: Annotated[
         ResponseFormatJsonSchemaJsonSchema, Field(title="JSON schema")
     ]
@@ -3520,7 +3574,7 @@ class ResponseFormatJsonSchemaType(StrEnum):
 
 
 class ResponseFormatText(BaseModel):
-    type: Literal["text"]
+    type: ResponseFormatTextType
 
 
 class ResponseFormatTextType(StrEnum):
@@ -3786,23 +3840,6 @@ class ResponseProperties(BaseModel):
     tools: ToolsArray | None = None
     tool_choice: ToolChoiceParam | None = None
     prompt: Prompt | None = None
-
-
-class CreateResponse(CreateModelResponseProperties, ResponseProperties):
-    service_tier: ServiceTierResponses | None = None
-    truncation: Truncation | None = None
-    reasoning: Reasoning | None = None
-    input: InputParam | None = None
-    include: list[IncludeEnum] | None = None
-    parallel_tool_calls: StrictBool | None = None
-    store: StrictBool | None = None
-    instructions: StrictStr | None = None
-    moderation: ModerationParam | None = None
-    stream: StrictBool | None = None
-    stream_options: ResponseStreamOptions | None = None
-    conversation: ConversationParam | None = None
-    context_management: ContextManagement | None = None
-    max_output_tokens: MaxOutputTokens | None = None
 
 
 class Response(ModelResponseProperties, ResponseProperties):
@@ -4194,6 +4231,199 @@ class ResponseWebSearchCallSearchingEventType(StrEnum):
     response_web_search_call_searching = "response.web_search_call.searching"
 
 
+class ResponsesRequestFunctionCallItem(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    type: ResponsesRequestFunctionCallItemType
+    call_id: Annotated[StrictStr, Field(min_length=1)]
+    name: Annotated[StrictStr, Field(min_length=1)]
+    arguments: StrictStr
+    id: Annotated[StrictStr | None, Field(min_length=1)] = None
+    status: ResponsesRequestItemStatus | None = None
+
+
+class ResponsesRequestFunctionCallItemType(StrEnum):
+    function_call = "function_call"
+
+
+class ResponsesRequestFunctionCallOutputItem(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    type: ResponsesRequestFunctionCallOutputItemType
+    call_id: Annotated[StrictStr, Field(min_length=1)]
+    output: StrictStr
+    id: Annotated[StrictStr | None, Field(min_length=1)] = None
+    status: ResponsesRequestItemStatus | None = None
+
+
+class ResponsesRequestFunctionCallOutputItemType(StrEnum):
+    function_call_output = "function_call_output"
+
+
+class ResponsesRequestFunctionTool(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    type: Literal["function"]
+    name: Annotated[StrictStr, Field(min_length=1)]
+    description: StrictStr | None = None
+    parameters: dict[str, Any] = {}
+    strict: ResponsesRequestFunctionToolStrict = False
+
+
+class ResponsesRequestFunctionToolStrict(Enum):
+    boolean_False = False
+
+
+class ResponsesRequestFunctionToolType(StrEnum):
+    function = "function"
+
+
+class ResponsesRequestImagePart(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    type: Literal["input_image"]
+    image_url: StrictStr
+    detail: ResponsesRequestImagePartDetail = "auto"
+
+
+class ResponsesRequestImagePartDetail(StrEnum):
+    auto = "auto"
+
+
+class ResponsesRequestImagePartType(StrEnum):
+    input_image = "input_image"
+
+
+class ResponsesRequestItemStatus(StrEnum):
+    in_progress = "in_progress"
+    completed = "completed"
+    incomplete = "incomplete"
+
+
+class ResponsesRequestMessageItem(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    type: ResponsesRequestMessageItemType = "message"
+    role: ResponsesRequestMessageItemRole = "user"
+    content: StrictStr | ResponsesRequestMessageItemContent
+    id: Annotated[StrictStr | None, Field(min_length=1)] = None
+    status: ResponsesRequestItemStatus | None = None
+
+
+class ResponsesRequestInputItem(
+    RootModel[
+        ResponsesRequestMessageItem
+        | ResponsesRequestFunctionCallItem
+        | ResponsesRequestFunctionCallOutputItem
+    ]
+):
+    root: ResponsesRequestMessageItem | ResponsesRequestFunctionCallItem | ResponsesRequestFunctionCallOutputItem
+
+
+class CreateResponseInput1(RootModel[list[ResponsesRequestInputItem]]):
+    root: Annotated[list[ResponsesRequestInputItem], Field(min_length=1)]
+
+
+class ResponsesRequestMessageItemRole(StrEnum):
+    user = "user"
+    developer = "developer"
+    system = "system"
+    assistant = "assistant"
+    tool = "tool"
+
+
+class ResponsesRequestMessageItemType(StrEnum):
+    message = "message"
+
+
+class ResponsesRequestReasoning(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    summary: ResponsesRequestReasoningSummary = "auto"
+
+
+class ResponsesRequestReasoningSummary(StrEnum):
+    auto = "auto"
+
+
+class ResponsesRequestText(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    format: ResponsesRequestTextFormat | None = None
+
+
+class ResponsesRequestTextFormat(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    type: ResponsesRequestTextFormatType
+
+
+class ResponsesRequestTextFormatType(StrEnum):
+    text = "text"
+
+
+class ResponsesRequestTextPart(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    type: Literal["input_text", "output_text", "text"]
+    text: StrictStr
+    annotations: Annotated[list[Any], Field(max_length=0)] = []
+    logprobs: Annotated[list[Any], Field(max_length=0)] = []
+
+
+class ResponsesRequestContentPart(
+    RootModel[ResponsesRequestTextPart | ResponsesRequestImagePart]
+):
+    root: Annotated[
+        ResponsesRequestTextPart | ResponsesRequestImagePart,
+        Field(discriminator="type"),
+    ]
+
+
+class ResponsesRequestMessageItemContent(RootModel[list[ResponsesRequestContentPart]]):
+    root: Annotated[list[ResponsesRequestContentPart], Field(min_length=1)]
+
+
+class ResponsesRequestTextPartType(StrEnum):
+    input_text = "input_text"
+    output_text = "output_text"
+    text = "text"
+
+
+class ResponsesRequestWebSearchTool(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    type: Literal["web_search"]
+    external_web_access: ResponsesRequestWebSearchToolExternalWebAccess
+
+
+class ResponsesRequestTool(
+    RootModel[ResponsesRequestFunctionTool | ResponsesRequestWebSearchTool]
+):
+    root: Annotated[
+        ResponsesRequestFunctionTool | ResponsesRequestWebSearchTool,
+        Field(discriminator="type"),
+    ]
+
+
+class ResponsesRequestWebSearchToolExternalWebAccess(Enum):
+    boolean_False = False
+
+
+class ResponsesRequestWebSearchToolType(StrEnum):
+    web_search = "web_search"
+
+
 class ScreenshotParam(BaseModel):
     type: Literal["screenshot"]
 
@@ -4557,6 +4787,14 @@ class TopLogProb(BaseModel):
     bytes: list[StrictInt]
 
 
+class TopLogprobs(RootModel[StrictInt]):
+    root: Annotated[StrictInt, Field(ge=0, le=20)]
+
+
+class TopLogprobs1(RootModel[None]):
+    root: None
+
+
 class TranscriptTextDeltaEvent(BaseModel):
     type: Literal["transcript.text.delta"]
     delta: StrictStr
@@ -4905,20 +5143,6 @@ class WebSearchLocation(BaseModel):
     timezone: StrictStr | None = None
 
 
-class WebSearchOptions(BaseModel):
-    user_location: WebSearchOptionsUserLocation | None = None
-    search_context_size: WebSearchContextSize | None = "medium"
-
-
-class WebSearchOptionsUserLocation(BaseModel):
-    type: WebSearchOptionsUserLocationType
-    approximate: WebSearchLocation
-
-
-class WebSearchOptionsUserLocationType(StrEnum):
-    approximate = "approximate"
-
-
 class WebSearchPreviewTool(BaseModel):
     type: Literal["web_search_preview", "web_search_preview_2025_03_11"]
     user_location: ApproximateLocation | None = None
@@ -5132,7 +5356,6 @@ ResponseIncompleteEvent.model_rebuild()
 ResponseOutputItemAddedEvent.model_rebuild()
 ResponseOutputItemDoneEvent.model_rebuild()
 ResponseProperties.model_rebuild()
-CreateResponse.model_rebuild()
 Response.model_rebuild()
 ToolSearchOutput.model_rebuild()
 ToolSearchOutputItemParam.model_rebuild()

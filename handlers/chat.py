@@ -8,128 +8,141 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pydantic
 from fastapi import Response
 from fastapi.responses import StreamingResponse
+from pydantic_core import ErrorDetails
 
 from swama.engine.errors import EngineError
-from swama.engine.generator import ChatRequest, Finished, Sampling, TextDelta, ToolCallEvent
-from swama.handlers.dispatch import Call, route
+from swama.engine.generator import OUT_OF_RANGE, ChatRequest, Finished, TextDelta, ToolCallEvent
+from swama.generated.openai_models import ChatCompletionTool, CreateChatCompletionRequest
+from swama.handlers.chat_request import Turn, chat_request, function_tool, json_object, sampling, tool_call
+from swama.handlers.dispatch import DEFAULT_RULES, Call, RouteRules, route
 from swama.handlers.errors import ApiError, bad_request
 from swama.handlers.streaming import collect_or_cancel, start_stream
+from swama.handlers.validation import openai_schema_error, user_path
 
-ROLES = ("system", "user", "assistant", "tool", "developer")
-UNSUPPORTED = {
-    "n": lambda v: v not in (None, 1),
-    "logprobs": lambda v: v not in (None, False),
-    "top_logprobs": lambda v: v is not None,
-    "audio": lambda v: v is not None,
-    "prediction": lambda v: v is not None,
-    "modalities": lambda v: v not in (None, ["text"]),
-    "response_format": lambda v: v not in (None, {"type": "text"}),
-    "web_search_options": lambda v: v is not None,
-}
+CHAT_ROLES = "Must be 'system', 'user', 'assistant', or 'tool'"
+# Fields the schema narrows to the one value this server honours: any other value is refused by name.
+SINGLE_VALUED = frozenset({"n", "logprobs", "modalities", "response_format"})
+# Ranges of the swama extensions and token counts: the engine's wording (Sampling.check).
+ENGINE_RANGES = frozenset({"top_k", "min_p", "repetition_penalty", "repetition_context_size", "max_tokens",
+                           "max_completion_tokens"})
+EXTENSION_TYPES = frozenset({"top_k", "min_p", "repetition_penalty", "repetition_context_size"})
+RANGE_ERRORS = frozenset({"greater_than_equal", "less_than_equal"})
 
 
-def _text_of(content: Any, where: str) -> str:
+def _value(node: Any) -> Any:
+    """A generated RootModel's value (the generator wraps `X | null` fields in one)."""
+    return node.root if isinstance(node, pydantic.RootModel) else node
+
+
+def _worded(error: ErrorDetails, data: Any) -> ApiError | None:
+    path = user_path(error["loc"], data)
+    top, kind = path[0] if path else None, error["type"]
+    if (kind == "extra_forbidden" and len(path) == 1) or (top in SINGLE_VALUED and len(path) <= 2):
+        return DEFAULT_RULES.unhandled(str(top))
+    if top == "messages" and len(path) == 1:
+        return bad_request("Invalid request payload or missing messages", param="messages")
+    if top == "context_limit":
+        return bad_request("'context_limit' must be a positive integer.", param="context_limit")
+    if top in ENGINE_RANGES and kind in RANGE_ERRORS:
+        return ApiError(400, OUT_OF_RANGE, code="invalid_request")
+    if top in EXTENSION_TYPES:
+        return bad_request(f"'{top}' must be a number.", code="invalid_type", param=str(top))
+    if top == "tools" and len(path) >= 2:
+        return bad_request("Tools require a name and an object parameter schema.", param=f"tools.{path[1]}")
+    return None
+
+
+def schema_error(exc: pydantic.ValidationError, data: Any = None) -> ApiError:
+    """The route's own wording where it has one (refused fields first), else the OpenAI default."""
+    errors = exc.errors(include_url=False)
+    worded = [w for w in (_worded(e, data) for e in errors) if w is not None]
+    refused = [w for w in worded if w.code == "unsupported_parameter"]
+    return (refused or worded or [openai_schema_error(exc, data)])[0]
+
+
+RULES = RouteRules(schema_error=schema_error, handled=frozenset(CreateChatCompletionRequest.model_fields))
+
+
+def _parts(content: Any, where: str) -> list[str]:
+    content = _value(content)
     if content is None:
-        return ""
+        return []
     if isinstance(content, str):
-        return content
+        return [content]
     texts = []
-    for j, part in enumerate(content):
-        kind = part.get("type")
+    for j, part in enumerate(_value(p) for p in content):
+        kind = str(part.type)
         if kind == "text":
-            texts.append(part["text"])
+            texts.append(part.text)
         elif kind == "image_url":
             raise bad_request("Images are not supported by this model; it has no vision processor.",
                               code="invalid_image", param=f"{where}.content.{j}")
         else:
             raise bad_request(f"Content part type '{kind}' is not supported by this server.",
                               code="unsupported_content", param=f"{where}.content.{j}")
-    return "\n".join(texts)
+    return texts
 
 
-def _tool_call(call: dict[str, Any], where: str) -> dict[str, Any]:
-    fn = call.get("function") or {}
-    name = fn.get("name", "")
-    try:
-        args = json.loads(fn.get("arguments", ""))
-    except (TypeError, ValueError):
-        args = None
-    if not isinstance(args, dict):
-        raise bad_request(f"Tool '{name}' requires JSON object arguments or parameters", param=where)
-    return {"id": call.get("id"), "type": "function", "function": {"name": name, "arguments": args}}
+def _tool_calls(message: Any, where: str) -> list[dict[str, Any]]:
+    calls = []
+    for k, entry in enumerate(_value(message.tool_calls) or []):
+        call = _value(entry)
+        fn = getattr(call, "function", None)
+        name = fn.name if fn is not None else ""
+        arguments = json_object(fn.arguments) if fn is not None else None
+        if arguments is None:
+            raise bad_request(f"Tool '{name}' requires JSON object arguments or parameters",
+                              param=f"{where}.tool_calls.{k}")
+        calls.append(tool_call(call.id, name, arguments))
+    return calls
 
 
-def messages_from(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    out = []
-    for i, m in enumerate(raw):
-        role = m.get("role")
-        if role not in ROLES:
-            raise bad_request(f"Invalid role: {role}. Must be 'system', 'user', 'assistant', or 'tool'",
-                              param=f"messages.{i}.role")
-        msg: dict[str, Any] = {"role": "system" if role == "developer" else role,
-                               "content": _text_of(m.get("content"), f"messages.{i}")}
-        if role == "assistant" and m.get("tool_calls"):
-            msg["tool_calls"] = [_tool_call(c, f"messages.{i}.tool_calls.{k}") for k, c in
-                                 enumerate(m["tool_calls"])]
+def turns_from(messages: list[Any]) -> list[Turn]:
+    turns = []
+    for i, entry in enumerate(messages):
+        message = _value(entry)
+        role = str(message.role)
+        if role not in ("system", "user", "assistant", "tool", "developer"):
+            raise bad_request(f"Invalid role: {role}. {CHAT_ROLES}", param=f"messages.{i}.role")
+        turn = Turn("system" if role == "developer" else role, _parts(message.content, f"messages.{i}"))
+        if role == "assistant":
+            turn.tool_calls = _tool_calls(message, f"messages.{i}")
         if role == "tool":
-            msg["tool_call_id"] = m.get("tool_call_id", "")
-        out.append(msg)
+            turn.tool_call_id = message.tool_call_id
+        turns.append(turn)
+    return turns
+
+
+def tools_from(tools: list[ChatCompletionTool] | None) -> list[dict[str, Any]]:
+    out = []
+    for i, tool in enumerate(tools or []):
+        fn = tool.function
+        if not fn.name:
+            raise bad_request("Tools require a name and an object parameter schema.", param=f"tools.{i}")
+        params = fn.parameters.model_dump() if fn.parameters is not None else None
+        out.append(function_tool(fn.name, fn.description, params))
     return out
 
 
-def tools_from(raw: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    if not raw:
-        return None
-    tools = []
-    for i, tool in enumerate(raw):
-        fn = tool.get("function") or {}
-        params = fn.get("parameters", {"type": "object", "properties": {}})
-        if tool.get("type") != "function" or not fn.get("name") or not isinstance(params, dict):
-            raise bad_request("Tools require a name and an object parameter schema.", param=f"tools.{i}")
-        tools.append({"type": "function", "function": {"name": fn["name"], "description": fn.get("description", ""),
-                                                       "parameters": params}})
-    return tools
-
-
-def _number(data: dict[str, Any], key: str, default: Any) -> Any:
-    value = data.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise bad_request(f"'{key}' must be a number.", code="invalid_type", param=key)
-    return value
-
-
-def request_from(data: dict[str, Any], context_limit: int) -> ChatRequest:
-    for key, refused in UNSUPPORTED.items():
-        if refused(data.get(key)):
-            raise bad_request(f"'{key}' is not supported by this server; it is rejected rather than ignored.",
-                              code="unsupported_parameter", param=key)
-    if not data.get("messages"):
-        raise bad_request("Invalid request payload or missing messages", param="messages")
-    stop = data.get("stop")
-    limit = data.get("context_limit", context_limit)
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
-        raise bad_request("'context_limit' must be a positive integer.", param="context_limit")
-    max_tokens = data.get("max_completion_tokens", data.get("max_tokens"))
-    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)):
-        raise bad_request("'max_tokens' must be an integer.", param="max_tokens")
-    seed = data.get("seed")
-    sampling = Sampling(
-        temperature=_number(data, "temperature", 0.6), top_p=_number(data, "top_p", 1.0),
-        top_k=int(_number(data, "top_k", 0)), min_p=_number(data, "min_p", 0.0),
-        repetition_penalty=_number(data, "repetition_penalty", None),
-        repetition_context_size=int(_number(data, "repetition_context_size", 20)),
-        presence_penalty=_number(data, "presence_penalty", None),
-        frequency_penalty=_number(data, "frequency_penalty", None),
-        seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else None)
-    tool_choice = data.get("tool_choice")
-    tools = None if tool_choice == "none" else tools_from(data.get("tools"))
-    return ChatRequest(messages=messages_from(data["messages"]), sampling=sampling, max_tokens=max_tokens,
-                       stop=[stop] if isinstance(stop, str) else list(stop or []), tools=tools,
-                       context_limit=limit)
+def request_from(request: CreateChatCompletionRequest, context_limit: int) -> ChatRequest:
+    stop = _value(request.stop)
+    stop = [stop] if isinstance(stop, str) else list(_value(stop) or [])
+    max_tokens = _value(request.max_completion_tokens)
+    if max_tokens is None:
+        max_tokens = _value(request.max_tokens)
+    options = sampling(
+        temperature=_value(request.temperature), top_p=_value(request.top_p), top_k=request.top_k,
+        min_p=request.min_p, repetition_penalty=_value(request.repetition_penalty),
+        repetition_context_size=request.repetition_context_size,
+        presence_penalty=_value(request.presence_penalty), frequency_penalty=_value(request.frequency_penalty),
+        seed=request.seed)
+    choice = _value(request.tool_choice)
+    return chat_request(turns_from(request.messages), sampling=options, max_tokens=max_tokens, stop=stop,
+                        tools=tools_from(request.tools), tool_choice=choice if isinstance(choice, str) else None,
+                        context_limit=request.context_limit or context_limit)
 
 
 def _wire_call(index: int, call: Any) -> dict[str, Any]:
@@ -142,16 +155,15 @@ def _usage(done: Finished) -> dict[str, Any]:
             "total_tokens": done.prompt_tokens + done.completion_tokens}
 
 
-@route()
-async def create_chat_completion(call: Call, parsed: Any) -> Response | dict[str, Any]:
-    data = json.loads(call.body)  # INTERIM: still re-reads the body; to be built from `parsed`
+@route(RULES)
+async def create_chat_completion(call: Call, parsed: CreateChatCompletionRequest) -> Response | dict[str, Any]:
     engine = call.engine
-    request = request_from(data, call.settings.context_limit)
-    model = data["model"]
+    request = request_from(parsed, call.settings.context_limit)
+    model = str(_value(parsed.model))
     model_id = engine.resolve_language_model(model)
     ident, created = f"chatcmpl-{uuid.uuid4()}", int(time.time())
     events = engine.chat(model_id, request)
-    if data.get("stream"):
+    if parsed.stream:
         # Errors found before the first token (context limit, template) still get a plain 4xx.
         events = await start_stream(events)
         return StreamingResponse(_sse(events, ident, created, model), media_type="text/event-stream",

@@ -7,6 +7,7 @@ import ipaddress
 import logging
 import sys
 
+from swama.engine.generator import DEFAULT_TEMPERATURE
 from swama.handlers.settings import DEFAULT_PORT, Settings
 from swama.handlers.version import package_version
 
@@ -162,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "Installs the model first when it is missing.")
     run.add_argument("model", help="model alias or id (see `swama list`)")
     run.add_argument("prompt", help="the user message")
-    run.add_argument("-t", "--temperature", type=float, default=0.6, help="sampling temperature (default 0.6)")
+    run.add_argument("-t", "--temperature", type=float, default=DEFAULT_TEMPERATURE,
+                     help=f"sampling temperature (default {DEFAULT_TEMPERATURE})")
     run.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default 1)")
     run.add_argument("-n", "--max-tokens", type=int, default=None, help="stop after this many tokens")
     run.add_argument("--repetition-penalty", type=float, default=None)

@@ -10,15 +10,9 @@ from fastapi.responses import StreamingResponse
 
 from swama.engine.errors import EngineError
 from swama.engine.generator import Finished
-from swama.handlers.dispatch import Call
+from swama.generated.openai_models import CreateResponse
+from swama.handlers.dispatch import Call, route
 from swama.handlers.errors import ApiError, bad_request
-from swama.handlers.responses_codec import (
-    ResponseRequest,
-    empty_body_error,
-    invalid_json_error,
-    not_object_error,
-    parse_response_request,
-)
 from swama.handlers.responses_events import (
     SSE_HEADERS,
     SSE_MEDIA_TYPE,
@@ -26,27 +20,15 @@ from swama.handlers.responses_events import (
     final_response,
     sse_frame,
 )
+from swama.handlers.responses_rules import ROUTE_RULES, ResponseRequest, response_request
 from swama.handlers.streaming import collect_or_cancel, start_stream
-from swama.handlers.strict_json import parse_strict_json as parse_json
 
 IMAGES_NEED_VISION = "Images are not supported by this model; it has no vision processor."
 
 
-def _parse(call: Call) -> ResponseRequest:
-    if not call.body.strip():
-        raise empty_body_error()
-    try:
-        data = parse_json(call.body)
-    except (ValueError, RecursionError) as exc:
-        raise invalid_json_error(str(exc)) from None
-    if not isinstance(data, dict):
-        raise not_object_error()
-    return parse_response_request(data, context_limit=call.settings.context_limit)
-
-
-# INTERIM: still parses call.body by hand; the generated model is ignored until this route moves over.
-async def create_response(call: Call, parsed: Any = None) -> Response | dict[str, Any]:
-    request = _parse(call)
+@route(ROUTE_RULES)
+async def create_response(call: Call, parsed: CreateResponse) -> Response | dict[str, Any]:
+    request = response_request(parsed, context_limit=call.settings.context_limit)
     engine = call.engine
     model_id = engine.resolve_language_model(request.model)
     if request.images:

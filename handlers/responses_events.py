@@ -17,7 +17,7 @@ from typing import Any
 
 from swama.engine.generator import Event, Finished, TextDelta, ToolCallEvent
 from swama.engine.tool_calls import ToolCall
-from swama.handlers.responses_codec import ResponseRequest
+from swama.handlers.responses_rules import ResponseRequest
 
 Frame = tuple[str, dict[str, Any]]
 

@@ -51,6 +51,9 @@ REFUSED = [
     (om.CreateChatCompletionRequest, merged(CHAT, messages=[{"role": "wizard", "content": "x"}])),
     (om.CreateChatCompletionRequest, {"messages": CHAT["messages"]}),
     (om.CreateResponse, {"model": "m", "input": "x", "temperature": "hot"}),
+    # Narrowed to the stateless subset: hosted tools and server-side state are not in the schema.
+    (om.CreateResponse, {"model": "m", "input": "x", "tools": [{"type": "web_search_2025_08_26"}]}),
+    (om.CreateResponse, {"model": "m", "input": "x", "previous_response_id": "resp_1"}),
     (om.CreateEmbeddingRequest, {"model": "m", "input": {"text": "x"}}),
 ]
 
@@ -67,7 +70,6 @@ ACCEPTED = [
     (om.CreateChatCompletionRequest, merged(CHAT, temperature=1, stop=None, max_tokens=5)),
     (om.CreateResponse, {"model": "m", "input": "x", "tools": [{"type": "web_search",
                                                                 "external_web_access": False}]}),
-    (om.CreateResponse, {"model": "m", "input": "x", "tools": [{"type": "web_search_2025_08_26"}]}),
 ]
 
 

@@ -11,7 +11,8 @@ import pytest
 from swama.engine.generator import Event, Finished, TextDelta, ToolCallEvent
 from swama.engine.tool_calls import ToolCall
 from swama.generated import openai_models as om
-from swama.handlers.responses_codec import ResponseRequest, parse_response_request
+from swama.generated.routes import OPERATIONS
+from swama.handlers.dispatch import parse_json_request
 from swama.handlers.responses_events import (
     ResponseStream,
     final_response,
@@ -22,6 +23,7 @@ from swama.handlers.responses_events import (
     sse_frame,
     usage_payload,
 )
+from swama.handlers.responses_rules import ROUTE_RULES, ResponseRequest, response_request
 
 TOOLS = [{"type": "function", "name": "exec_command", "description": "Run a command", "strict": False,
           "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}},
@@ -51,7 +53,9 @@ HEX32 = "[0-9a-f]{32}"
 
 
 def request(**fields: Any) -> ResponseRequest:
-    return parse_response_request({"model": "local-model", "input": "hi", **fields}, context_limit=4096)
+    body = json.dumps({"model": "local-model", "input": "hi", **fields}).encode()
+    parsed = parse_json_request(OPERATIONS["createResponse"], ROUTE_RULES, body)
+    return response_request(parsed, context_limit=4096)
 
 
 def call(name: str = "exec_command", arguments: str = '{"cmd": "ls", "a": [1, 2]}', id: str = "call_abc") -> ToolCall:

@@ -1,4 +1,5 @@
-"""/v1/responses request parsing: every accept/reject rule, exact codes and messages, check order."""
+"""/v1/responses request parsing through the route's pipeline: every accept/reject rule, exact codes and
+messages, check order."""
 
 from __future__ import annotations
 
@@ -8,16 +9,18 @@ from typing import Any
 
 import pytest
 
+from swama.generated.routes import OPERATIONS
+from swama.handlers.dispatch import parse_json_request, validate
 from swama.handlers.errors import ApiError, error_body
-from swama.handlers.responses_codec import (
+from swama.handlers.responses_rules import (
+    ROUTE_RULES,
     InputImage,
     ResponseRequest,
-    empty_body_error,
-    invalid_json_error,
-    not_object_error,
-    parse_response_request,
+    response_request,
     valid_image_url,
 )
+
+OP = OPERATIONS["createResponse"]
 
 BASE: dict[str, Any] = {"model": "m", "input": "hi"}
 DROP = object()
@@ -35,7 +38,13 @@ def body(base: dict[str, Any] | None = None, **changes: Any) -> dict[str, Any]:
 
 
 def parse(data: Any, context_limit: int = 4096) -> ResponseRequest:
-    return parse_response_request(data, context_limit=context_limit)
+    """The route's pipeline on a decoded body (parse_json_request's steps after strict JSON decoding;
+    this also reaches values strict JSON never yields, such as infinity)."""
+    if not isinstance(data, dict):
+        raise ROUTE_RULES.not_object(data)
+    ROUTE_RULES.before_model(data)
+    request = validate(OP.request_model, ROUTE_RULES, data)
+    return response_request(request, context_limit=context_limit)
 
 
 def refusal(data: Any) -> ApiError:
@@ -415,11 +424,18 @@ def test_unknown_key_message_has_the_error_envelope() -> None:
         "type": "invalid_request_error", "param": None, "code": "unsupported_parameter"}}
 
 
-def test_body_helpers() -> None:
-    for err, message in [(empty_body_error(), "Malformed request: empty body"),
-                         (not_object_error(), "Malformed request: top-level JSON must be an object")]:
-        assert (err.status, err.code, err.message, err.param) == (400, "invalid_value", message, None)
-    assert invalid_json_error("x").message == "Malformed request: invalid JSON (x)"
+@pytest.mark.parametrize("raw,message", [
+    (b"", "Malformed request: empty body"),
+    (b"  \n", "Malformed request: empty body"),
+    (b"[1]", "Malformed request: top-level JSON must be an object"),
+    (b'{"model": "m", "model": "n"}', None),
+])
+def test_body_errors(raw: bytes, message: str | None) -> None:
+    with pytest.raises(ApiError) as info:
+        parse_json_request(OP, ROUTE_RULES, raw)
+    err = info.value
+    assert (err.status, err.code, err.param) == (400, "invalid_value", None)
+    assert err.message == message if message else err.message.startswith("Malformed request: invalid JSON (")
 
 
 # -- accepted ----------------------------------------------------------------------------------------

@@ -1,0 +1,205 @@
+"""`POST /v1/responses`: the rules no schema can say, and the typed request read into a ChatRequest.
+
+The generated `CreateResponse` refuses unknown fields, wrong types, unsupported values and
+out-of-range sampling itself (its errors are worded in responses_schema_errors). What stays here:
+`model` before everything, explicit nulls, function-call arguments that must hold a JSON object,
+image URLs, dropping the offline web_search tool, then the conversion shared with chat completions.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import string
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import SplitResult, urlsplit
+
+from swama.engine.generator import ChatRequest
+from swama.generated.openai_models import (
+    CreateResponse,
+    ResponsesRequestFunctionCallItem,
+    ResponsesRequestFunctionCallOutputItem,
+    ResponsesRequestFunctionTool,
+    ResponsesRequestImagePart,
+    ResponsesRequestMessageItem,
+)
+from swama.handlers.chat_request import Turn, chat_request, function_tool, json_object, sampling, tool_call
+from swama.handlers.dispatch import RouteRules
+from swama.handlers.responses_schema_errors import (
+    bad_json,
+    check_nulls,
+    malformed,
+    missing_model,
+    not_object,
+    schema_error,
+    unsupported,
+)
+
+ROLES = {"user": "user", "developer": "system", "system": "system", "assistant": "assistant", "tool": "tool"}
+# Characters a URL may carry unescaped; anything else (spaces, non-ASCII, quotes...) is refused.
+_URL_CHARS = frozenset(string.ascii_letters + string.digits + "-._~:/?#[]@!$&'()*+,;=%")
+_MEDIA_SUBTYPE_CHARS = frozenset(string.ascii_letters + string.digits + "!#$%&'*+-.^_`|~")
+
+
+def before_model(data: dict[str, Any]) -> None:
+    # The route names a missing model before anything else, unknown fields included.
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise missing_model()
+    # The generated models read 0 as `false` (Python's False == 0) where the schema allows only false.
+    for name in ("store", "background"):
+        if type(data.get(name, False)) in (int, float):
+            raise malformed(f"`{name}` must be a JSON boolean")
+
+
+FIELDS = frozenset(CreateResponse.model_fields)
+ROUTE_RULES = RouteRules(bad_json=bad_json, not_object=not_object, before_model=before_model,
+                         schema_error=schema_error, handled=FIELDS, unhandled=unsupported)
+
+
+# -- image URLs ------------------------------------------------------------------------------------
+
+def valid_image_url(url: str) -> bool:
+    """`data:image/<subtype>;base64,<payload>`, or http(s) with a host, no userinfo and a port in 1-65535."""
+    if url.lower().startswith("data:"):
+        return _valid_data_url(url)
+    return _valid_http_url(url)
+
+
+def _valid_data_url(url: str) -> bool:
+    header, comma, payload = url.partition(",")
+    if not comma:
+        return False
+    pieces = header.split(";")
+    if len(pieces) != 2 or pieces[1].lower() != "base64":
+        return False
+    media = pieces[0]
+    if not media.lower().startswith("data:image/") or media.count("/") != 1:
+        return False
+    subtype = media.split("/", 1)[1]
+    if not subtype or not set(subtype) <= _MEDIA_SUBTYPE_CHARS:
+        return False
+    try:
+        return bool(base64.b64decode(payload, validate=True))
+    except (binascii.Error, ValueError):
+        return False
+
+
+def _valid_http_url(url: str) -> bool:
+    if not url or not set(url) <= _URL_CHARS:
+        return False
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:  # a bad port or bracketed host
+        return False
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        return False
+    if parts.username is not None or parts.password is not None:
+        return False
+    return _explicit_port_ok(parts) and (port is None or 1 <= port <= 65535)
+
+
+def _explicit_port_ok(parts: SplitResult) -> bool:
+    """A colon after the host must be followed by a decimal port (urlsplit accepts `host:`)."""
+    host_port = parts.netloc.rpartition("@")[2]
+    if host_port.startswith("["):
+        rest = host_port.partition("]")[2]
+    else:
+        rest = host_port[host_port.find(":"):] if ":" in host_port else ""
+    if not rest:
+        return True
+    digits = rest[1:]
+    return rest[0] == ":" and digits.isascii() and digits.isdigit() and 1 <= int(digits) <= 65535
+
+
+# -- the typed request, read into what the generator runs ------------------------------------------
+
+@dataclass(frozen=True)
+class InputImage:
+    """An `input_image` part with a well-formed URL; `field` (`input[i].content[j]`) locates it."""
+
+    field: str
+    image_url: str
+    detail: str | None = None
+
+
+@dataclass
+class ResponseRequest:
+    """A parsed request: what the generator runs and what the Response object echoes."""
+
+    model: str
+    chat: ChatRequest
+    stream: bool = False
+    instructions: str | None = None
+    tools: list[dict[str, Any]] = field(default_factory=list)  # echo form; empty for tool_choice "none"
+    tool_choice: str = "auto"
+    parallel_tool_calls: bool = False
+    temperature: float = 0.0
+    top_p: float = 0.0
+    max_output_tokens: int | None = None
+    images: list[InputImage] = field(default_factory=list)  # the caller refuses them for text-only models
+
+
+def _message_turn(item: ResponsesRequestMessageItem, where: str, images: list[InputImage]) -> Turn:
+    role = ROLES[item.role]
+    if isinstance(item.content, str):
+        return Turn(role, [item.content])
+    texts: list[str] = []
+    for j, part in enumerate(p.root for p in item.content.root):
+        if isinstance(part, ResponsesRequestImagePart):
+            if not valid_image_url(part.image_url):
+                raise unsupported("input_image.image_url")
+            detail = part.detail if "detail" in part.model_fields_set else None
+            images.append(InputImage(f"{where}.content[{j}]", part.image_url, detail))
+        else:
+            texts.append(part.text)
+    return Turn(role, texts)
+
+
+def _call_turn(item: ResponsesRequestFunctionCallItem) -> Turn:
+    arguments = json_object(item.arguments)
+    if arguments is None:
+        raise malformed("function_call requires `arguments` as a JSON object string")
+    return Turn("assistant", [], tool_calls=[tool_call(item.call_id, item.name, arguments)])
+
+
+def _turns(request: CreateResponse, images: list[InputImage]) -> list[Turn]:
+    turns = [Turn("system", [request.instructions])] if request.instructions else []
+    if isinstance(request.input.root, str):
+        return [*turns, Turn("user", [request.input.root])]
+    for i, entry in enumerate(request.input.root):
+        item = entry.root
+        if isinstance(item, ResponsesRequestMessageItem):
+            turns.append(_message_turn(item, f"input[{i}]", images))
+        elif isinstance(item, ResponsesRequestFunctionCallItem):
+            turns.append(_call_turn(item))
+        elif isinstance(item, ResponsesRequestFunctionCallOutputItem):
+            turns.append(Turn("tool", [item.output], tool_call_id=item.call_id))
+    return turns
+
+
+def _echoed_tool(tool: ResponsesRequestFunctionTool) -> dict[str, Any]:
+    return {"type": "function", "name": tool.name, "description": tool.description,
+            "parameters": tool.parameters, "strict": False}
+
+
+def response_request(request: CreateResponse, *, context_limit: int) -> ResponseRequest:
+    """The checks no schema says, then the shared chat conversion."""
+    check_nulls(request)
+    images: list[InputImage] = []
+    turns = _turns(request, images)
+    # The offline web_search tool is dropped here: no search ever runs.
+    functions = [t.root for t in request.tools if isinstance(t.root, ResponsesRequestFunctionTool)]
+    tool_choice = str(request.tool_choice)
+    echoed = [] if tool_choice == "none" else [_echoed_tool(t) for t in functions]
+    options = sampling(temperature=request.temperature, top_p=request.top_p)
+    max_tokens = None if request.max_output_tokens is None else int(request.max_output_tokens.root)
+    chat = chat_request(turns, sampling=options, context_limit=context_limit, tool_choice=tool_choice,
+                        tools=[function_tool(t.name, t.description, t.parameters) for t in functions],
+                        max_tokens=max_tokens)
+    return ResponseRequest(model=request.model, chat=chat, stream=request.stream,
+                           instructions=request.instructions, tools=echoed, tool_choice=tool_choice,
+                           parallel_tool_calls=request.parallel_tool_calls, temperature=options.temperature,
+                           top_p=options.top_p, max_output_tokens=max_tokens, images=images)
