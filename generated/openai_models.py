@@ -1165,6 +1165,13 @@ class CreateChatCompletionRequest(BaseModel):
     repetition_penalty: CreateChatCompletionRequestRepetitionPenalty | None = None
     repetition_context_size: Annotated[StrictInt | None, Field(ge=1)] = None
     context_limit: Annotated[StrictInt | None, Field(ge=1)] = None
+    stream_options: CreateChatCompletionRequestStreamOptions | None = None
+    parallel_tool_calls: StrictBool | None = None
+    store: CreateChatCompletionRequestStore | None = None
+    user: StrictStr | None = None
+    safety_identifier: StrictStr | None = None
+    prompt_cache_key: StrictStr | None = None
+    metadata: dict[str, StrictStr] | None = None
 
 
 class CreateChatCompletionRequestFrequencyPenalty(RootModel[StrictFloat]):
@@ -1206,6 +1213,17 @@ class CreateChatCompletionRequestPresencePenalty(RootModel[StrictFloat]):
 
 class CreateChatCompletionRequestRepetitionPenalty(RootModel[StrictFloat]):
     root: Annotated[StrictFloat, Field(ge=0.0)]
+
+
+class CreateChatCompletionRequestStore(Enum):
+    boolean_False = False
+
+
+class CreateChatCompletionRequestStreamOptions(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    include_usage: StrictBool | None = None
 
 
 class CreateChatCompletionRequestTemperature(RootModel[StrictFloat]):
@@ -2461,6 +2479,7 @@ class KeyPressActionType(StrEnum):
 class ListModelsResponse(BaseModel):
     object: ListModelsResponseObject
     data: list[Model]
+    models: list[SwamaModelMetadata]
 
 
 class ListModelsResponseObject(StrEnum):
@@ -2743,6 +2762,7 @@ class Model(BaseModel):
     object: ModelObject
     owned_by: StrictStr
     shutdown_date: date | None = None
+    size_in_bytes: Annotated[StrictInt | None, Field(ge=0)] = None
 
 
 class ModelIdsResponsesModelIdsResponses(StrEnum):
@@ -4584,6 +4604,12 @@ class SummaryTextContent(BaseModel):
 
 class SummaryTextContentType(StrEnum):
     summary_text = "summary_text"
+
+
+class SwamaModelMetadata(BaseModel):
+    name: StrictStr
+    description: StrictStr
+    release_date: date
 
 
 class TextResponseFormatJsonSchema(BaseModel):
