@@ -1,0 +1,111 @@
+"""What /v1/decisions and /v1/systemone mean the same way: the limits, the answer checks before
+rendering, and a request's schema errors located where the user wrote them, for each route to
+report the one its check order puts first."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import pydantic
+
+from swama.engine.scorer import QuestionKind, ScoredAnswer
+from swama.handlers.errors import ApiError
+from swama.handlers.validation import user_path
+
+MAX_QUESTIONS = 200
+MIN_CHOICES, MAX_CHOICES = 2, 255
+MIN_LEVELS, MAX_LEVELS = 2, 10
+
+Path = tuple[str | int, ...]
+
+
+def refuse(message: str) -> ApiError:
+    return ApiError(400, message)
+
+
+def plain(value: Any) -> Any:
+    """A generated root model's value as sent (text, object or array); other values as they are."""
+    return value.root if isinstance(value, pydantic.RootModel) else value
+
+
+# Answers ----------------------------------------------------------------------------------
+
+
+def _finite(*values: float | None) -> bool:
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)
+
+
+def answer_is_sound(answer: ScoredAnswer, kind: QuestionKind, option_count: int) -> bool:
+    """Whether a scored answer fits its question before it is rendered: the kind, one probability
+    per option, the chosen index, and finite numbers (confidence for choice and score, the
+    expected score for score)."""
+    extra = () if kind == "yes_no" else (answer.confidence,)
+    if kind == "score":
+        extra += (answer.score,)
+    return (
+        answer.kind == kind
+        and len(answer.probabilities) == option_count
+        and 0 <= answer.choice_index < option_count
+        and _finite(*answer.probabilities, answer.mass, *extra)
+    )
+
+
+# Schema errors ----------------------------------------------------------------------------
+
+TAG_ERRORS = frozenset({"union_tag_invalid", "union_tag_not_found"})
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One schema error: `path` into the decoded JSON (ending in the field's name for a missing or
+    unknown field), pydantic's error type, and the value it judged (for a missing field or a
+    union tag, the object holding it)."""
+
+    path: Path
+    kind: str
+    value: Any
+
+
+_ABSENT = object()
+
+
+def child(node: Any, part: str | int) -> Any:
+    if isinstance(node, dict):
+        return node.get(part, _ABSENT) if isinstance(part, str) else _ABSENT
+    if isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+        return node[part]
+    return _ABSENT
+
+
+def _located(loc: tuple[Any, ...], data: Any, kind: str) -> Path:
+    # user_path keeps a union member named after a generated class; only what the data holds counts.
+    node, path = data, []
+    for part in user_path(loc, data):
+        node = child(node, part)
+        if node is _ABSENT:
+            if kind == "missing":
+                path.append(part)
+            break
+        path.append(part)
+    return tuple(path)
+
+
+def _below(path: Path, other: Path) -> bool:
+    return len(other) > len(path) and other[: len(path)] == path
+
+
+def faults(exc: pydantic.ValidationError, data: Any) -> list[Fault]:
+    """The errors of `exc` located in `data`. A union member that does not take the value's kind
+    reports a type error at the union itself; when another member got further (errors below that
+    path), that error says nothing about the request and is left out."""
+    found = [Fault(_located(e["loc"], data, e["type"]), e["type"], e.get("input"))
+             for e in exc.errors(include_url=False)]
+    return [f for f in found
+            if not (f.kind.endswith("_type") and any(_below(f.path, g.path) for g in found))]
+
+
+def first(found: Iterable[Fault], key: Any) -> Fault:
+    return min(found, key=key)
