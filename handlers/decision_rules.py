@@ -5,7 +5,7 @@ report the one its check order puts first."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +13,6 @@ import pydantic
 
 from swama.engine.scorer import QuestionKind, ScoredAnswer
 from swama.handlers.errors import ApiError
-from swama.handlers.validation import user_path
 
 MAX_QUESTIONS = 200
 MIN_CHOICES, MAX_CHOICES = 2, 255
@@ -81,15 +80,16 @@ def child(node: Any, part: str | int) -> Any:
 
 
 def _located(loc: tuple[Any, ...], data: Any, kind: str) -> Path:
-    # user_path keeps a union member named after a generated class; only what the data holds counts.
+    """The error's place in the data: pydantic's location less its union member and tag names
+    (`str`, `list[...]`, `choice`, a generated class name), which the data does not hold."""
     node, path = data, []
-    for part in user_path(loc, data):
-        node = child(node, part)
-        if node is _ABSENT:
-            if kind == "missing":
-                path.append(part)
-            break
-        path.append(part)
+    for i, part in enumerate(loc):
+        found = child(node, part)
+        if found is not _ABSENT:
+            node = found
+            path.append(part)
+        elif kind == "missing" and i == len(loc) - 1:
+            path.append(part)
     return tuple(path)
 
 
@@ -107,5 +107,28 @@ def faults(exc: pydantic.ValidationError, data: Any) -> list[Fault]:
             if not (f.kind.endswith("_type") and any(_below(f.path, g.path) for g in found))]
 
 
-def first(found: Iterable[Fault], key: Any) -> Fault:
-    return min(found, key=key)
+def length_bounds(model: type[pydantic.BaseModel], field: str) -> tuple[int, int]:
+    """A list or map field's length limits as the generated model states them."""
+    low, high = 0, 2**63
+    for constraint in model.model_fields[field].metadata:
+        low = getattr(constraint, "min_length", None) or low
+        high = getattr(constraint, "max_length", None) or high
+    return low, high
+
+
+def with_lengths(found: list[Fault], data: Any, bounds: Callable[[Path], tuple[int, int] | None]) -> list[Fault]:
+    """pydantic judges a list's or map's length only once its items are valid, but the routes
+    check the length first: add the length fault a container with bad items would also get."""
+    extra: dict[Path, Fault] = {}
+    for fault in found:
+        for end in range(1, len(fault.path)):
+            path = fault.path[:end]
+            limits = bounds(path)
+            if limits is None or path in extra:
+                continue
+            node = data
+            for part in path:
+                node = child(node, part)
+            if isinstance(node, (list, dict)) and not limits[0] <= len(node) <= limits[1]:
+                extra[path] = Fault(path, "too_short" if len(node) < limits[0] else "too_long", node)
+    return found + list(extra.values())

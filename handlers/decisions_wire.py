@@ -41,7 +41,9 @@ from swama.handlers.decision_rules import (
     Path,
     answer_is_sound,
     faults,
+    length_bounds,
     refuse,
+    with_lengths,
 )
 from swama.handlers.dispatch import RouteRules
 from swama.handlers.errors import ApiError
@@ -205,6 +207,17 @@ _ENTRY_FIELDS = {"choices": frozenset(DecisionChoiceOption.model_fields),
                  "levels": frozenset(DecisionScoreLevel.model_fields)}
 
 
+_BOUNDS = {
+    ("questions",): length_bounds(DecisionCreateRequest, "questions"),
+    ("questions", "#", "choices"): length_bounds(DecisionChoiceQuestion, "choices"),
+    ("questions", "#", "levels"): length_bounds(DecisionScoreQuestion, "levels"),
+}
+
+
+def _pattern(path: Path) -> tuple[str, ...]:
+    return tuple("#" if isinstance(p, int) else p for p in path)
+
+
 def _walk_key(path: Path) -> tuple[int, ...]:
     return tuple(p if isinstance(p, int) else _FIELD_ORDER.get(p, len(_FIELD_ORDER)) for p in path)
 
@@ -231,8 +244,7 @@ def _untagged_unknowns(fault: Fault) -> Iterator[Path]:
 
 
 def _message(path: Path) -> str:
-    pattern = tuple("#" if isinstance(p, int) else p for p in path)
-    template = _MESSAGES.get(pattern, INVALID_REQUEST_MESSAGE)
+    template = _MESSAGES.get(_pattern(path), INVALID_REQUEST_MESSAGE)
     return template.format(*(p for p in path if isinstance(p, int)))
 
 
@@ -261,7 +273,7 @@ def _earlier_rule(path: Path, data: dict[str, Any]) -> str | None:
 def schema_error(exc: pydantic.ValidationError, data: Any) -> ApiError:
     """The route's message for the generated model's errors: unknown fields anywhere first (walking
     the request in order, each object's keys sorted), then the first error in check order."""
-    found = faults(exc, data)
+    found = with_lengths(faults(exc, data), data, lambda path: _BOUNDS.get(_pattern(path)))
     unknown = [f.path for f in found if f.kind == "extra_forbidden"]
     unknown += [p for f in found if f.kind in TAG_ERRORS for p in _untagged_unknowns(f)]
     if unknown:
