@@ -109,11 +109,9 @@ def faults(exc: pydantic.ValidationError, data: Any) -> list[Fault]:
 
 def length_bounds(model: type[pydantic.BaseModel], field: str) -> tuple[int, int]:
     """A list or map field's length limits as the generated model states them."""
-    low, high = 0, 2**63
-    for constraint in model.model_fields[field].metadata:
-        low = getattr(constraint, "min_length", None) or low
-        high = getattr(constraint, "max_length", None) or high
-    return low, high
+    schema = model.model_json_schema()["properties"][field]
+    low = schema.get("minItems", schema.get("minProperties", 0))
+    return low, schema.get("maxItems", schema.get("maxProperties", 2**63))
 
 
 def with_lengths(found: list[Fault], data: Any, bounds: Callable[[Path], tuple[int, int] | None]) -> list[Fault]:
