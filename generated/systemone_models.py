@@ -103,18 +103,10 @@ class SystemOneRequest(BaseModel):
         Field(max_length=4),
     ] = None
     chat_template_kwargs: SystemOneRequestChatTemplateKwargs | None = None
-    temperature: Annotated[
-        None, Field(description="Not part of this API; send it to /v1/decisions.")
-    ] = None
-    prompt_format_version: Annotated[
-        None, Field(description="Not part of this API; send it to /v1/decisions.")
-    ] = None
-    return_prompt_token_ids: Annotated[
-        None, Field(description="Not part of this API; send it to /v1/decisions.")
-    ] = None
-    video: Annotated[None, Field(description="Not supported; send images instead.")] = (
-        None
-    )
+    temperature: Annotated[None, Field(None)] = None
+    prompt_format_version: Annotated[None, Field(None)] = None
+    return_prompt_token_ids: Annotated[None, Field(None)] = None
+    video: Annotated[None, Field(None)] = None
 
 
 class SystemOneRequestChatTemplateKwargs(BaseModel):
