@@ -9,14 +9,12 @@ every question a fresh cache instead, bit for bit like scoring it alone.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from swama.engine.errors import Cancelled
 from swama.engine.model import LoadedModel
 from swama.engine.scorer import (
     CHAT_TEMPLATE_REQUIRED,
@@ -165,15 +163,3 @@ class DecisionRun:
 
     def result(self) -> DecisionResult:
         return DecisionResult(self.answers, sum(len(q.ids) for q in self.prepared), self.prefix)
-
-
-def score(model: LoadedModel, job: DecisionJob, cancel: threading.Event, *, prefix_reuse: bool = True
-          ) -> DecisionResult:
-    """Score every question in one go (the engine interleaves requests with `DecisionRun` instead)."""
-    run = DecisionRun(model, job, prefix_reuse=prefix_reuse)
-    run.start()
-    while not run.done:
-        if cancel.is_set():
-            raise Cancelled()
-        run.score_next()
-    return run.result()

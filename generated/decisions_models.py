@@ -36,7 +36,7 @@ class DecisionChoiceOption(BaseModel):
         extra="forbid",
     )
     value: DecisionChoiceValue
-    description: StrictStr | None = None
+    description: StrictStr = ""
 
 
 class DecisionChoiceProbability(BaseModel):
@@ -50,7 +50,7 @@ class DecisionChoiceQuestion(BaseModel):
     )
     type: Literal["choice"]
     name: StrictStr | None = None
-    instructions: Annotated[StrictStr, Field(min_length=1)]
+    instructions: Annotated[StrictStr, Field(min_length=1, pattern="[^\\s\\x1c-\\x1f]")]
     choices: Annotated[list[DecisionChoiceOption], Field(max_length=255, min_length=2)]
 
 
@@ -63,7 +63,9 @@ class DecisionCreateRequest(BaseModel):
         extra="forbid",
     )
     input: StrictStr | list[DecisionInputMessage]
-    model: Annotated[StrictStr, Field(max_length=1048576)]
+    model: Annotated[
+        StrictStr, Field(max_length=1048576, min_length=1, pattern="[^\\s\\x1c-\\x1f]")
+    ]
     questions: Annotated[list[DecisionQuestion], Field(max_length=200, min_length=1)]
     safety_identifier: Annotated[StrictStr | None, Field(max_length=128)] = None
 
@@ -105,7 +107,7 @@ class DecisionInputMessage(BaseModel):
     )
     role: Literal["user"]
     content: StrictStr | list[DecisionInputPart]
-    type: Literal["message"] | None = None
+    type: Literal["message"] = "message"
 
 
 class DecisionInputText(BaseModel):
@@ -132,7 +134,7 @@ class DecisionPredicateQuestion(BaseModel):
     )
     type: Literal["predicate"]
     name: StrictStr | None = None
-    instructions: Annotated[StrictStr, Field(min_length=1)]
+    instructions: Annotated[StrictStr, Field(min_length=1, pattern="[^\\s\\x1c-\\x1f]")]
 
 
 class DecisionRefusalAnswer(BaseModel):
@@ -166,8 +168,8 @@ class DecisionScoreLevel(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
     )
-    label: Annotated[StrictStr, Field(min_length=1)]
-    description: StrictStr | None = None
+    label: Annotated[StrictStr, Field(min_length=1, pattern="[^\\s\\x1c-\\x1f]")]
+    description: StrictStr = ""
 
 
 class DecisionScoreProbability(BaseModel):
@@ -182,7 +184,7 @@ class DecisionScoreQuestion(BaseModel):
     )
     type: Literal["score"]
     name: StrictStr | None = None
-    instructions: Annotated[StrictStr, Field(min_length=1)]
+    instructions: Annotated[StrictStr, Field(min_length=1, pattern="[^\\s\\x1c-\\x1f]")]
     levels: Annotated[list[DecisionScoreLevel], Field(max_length=10, min_length=2)]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -13,6 +14,10 @@ from pydantic import (
     StrictInt,
     StrictStr,
 )
+
+
+class SystemOneArray(RootModel[list[Any]]):
+    root: Annotated[list[Any], Field(min_length=1)]
 
 
 class SystemOneChoiceAnswer(BaseModel):
@@ -29,11 +34,11 @@ class SystemOneChoiceQuestion(BaseModel):
     )
     type: Annotated[Literal["choice"], Field(title="Type")]
     instructions: Annotated[
-        StrictStr | dict[str, Any] | list[Any] | None, Field(title="Instructions")
-    ] = None
+        SystemOneText | SystemOneObject | SystemOneArray, Field(title="Instructions")
+    ]
     criteria: Annotated[
         dict[str, StrictStr | dict[str, Any] | list[Any] | None],
-        Field(title="Criteria"),
+        Field(max_length=255, min_length=2, title="Criteria"),
     ]
 
 
@@ -76,14 +81,20 @@ class SystemOneNoulQuestion(BaseModel):
     )
     type: Annotated[Literal["noul"], Field(title="Type")]
     instructions: Annotated[
-        StrictStr | dict[str, Any] | list[Any] | None, Field(title="Instructions")
-    ] = None
+        SystemOneText | SystemOneObject | SystemOneArray, Field(title="Instructions")
+    ]
     criteria: SystemOneNoulCriteria | None = None
+
+
+class SystemOneObject(RootModel[dict[str, Any]]):
+    root: Annotated[dict[str, Any], Field(min_length=1)]
 
 
 class SystemOneRequest(BaseModel):
     state: Annotated[StrictStr | dict[str, Any] | list[Any], Field(title="State")]
-    model: Annotated[StrictStr, Field(title="Model")]
+    model: Annotated[
+        StrictStr, Field(min_length=1, pattern="[^\\s\\x1c-\\x1f]", title="Model")
+    ]
     questions: Annotated[
         dict[str, SystemOneQuestion], Field(min_length=1, title="Questions")
     ]
@@ -92,13 +103,17 @@ class SystemOneRequest(BaseModel):
         Field(max_length=4),
     ] = None
     chat_template_kwargs: SystemOneRequestChatTemplateKwargs | None = None
+    temperature: Annotated[None, Field(None)] = None
+    prompt_format_version: Annotated[None, Field(None)] = None
+    return_prompt_token_ids: Annotated[None, Field(None)] = None
+    video: Annotated[None, Field(None)] = None
 
 
 class SystemOneRequestChatTemplateKwargs(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
     )
-    enable_thinking: Literal[False] | None = None
+    enable_thinking: Literal[False] = False
 
 
 class SystemOneRequestImages(RootModel[StrictStr]):
@@ -106,8 +121,17 @@ class SystemOneRequestImages(RootModel[StrictStr]):
 
 
 class SystemOneRequestImages1(BaseModel):
-    content_type: StrictStr
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    content_type: SystemOneRequestImages1ContentType
     base64: StrictStr
+
+
+class SystemOneRequestImages1ContentType(StrEnum):
+    image_png = "image/png"
+    image_jpeg = "image/jpeg"
+    image_webp = "image/webp"
 
 
 class SystemOneResponse(BaseModel):
@@ -142,11 +166,11 @@ class SystemOneScoreQuestion(BaseModel):
     )
     type: Annotated[Literal["score"], Field(title="Type")]
     instructions: Annotated[
-        StrictStr | dict[str, Any] | list[Any] | None, Field(title="Instructions")
-    ] = None
+        SystemOneText | SystemOneObject | SystemOneArray, Field(title="Instructions")
+    ]
     criteria: Annotated[
-        list[StrictStr | dict[str, Any] | list[Any]],
-        Field(min_length=1, title="Criteria"),
+        list[SystemOneText | SystemOneObject | SystemOneArray],
+        Field(max_length=10, min_length=2, title="Criteria"),
     ]
 
 
@@ -157,6 +181,10 @@ class SystemOneQuestion(
         SystemOneNoulQuestion | SystemOneChoiceQuestion | SystemOneScoreQuestion,
         Field(discriminator="type"),
     ]
+
+
+class SystemOneText(RootModel[StrictStr]):
+    root: Annotated[StrictStr, Field(pattern="[^\\s\\x1c-\\x1f]")]
 
 
 class SystemOneUsage(BaseModel):

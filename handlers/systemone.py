@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import Response
 
 from swama.engine.decide import DecisionJob
 from swama.engine.errors import EngineError
-from swama.engine.scorer import IMAGES_NEED_VISION, DecisionError
-from swama.handlers.dispatch import Call
+from swama.engine.scorer import IMAGES_NEED_VISION, DecisionError, render_text
+from swama.generated.systemone_models import SystemOneRequest
+from swama.handlers.dispatch import Call, route
 from swama.handlers.errors import ApiError
 from swama.handlers.streaming import collect_or_cancel
-from swama.handlers.systemone_codec import (
-    parse_systemone_request,
+from swama.handlers.systemone_wire import (
+    SYSTEMONE_RULES,
+    check_questions,
+    question_view,
+    questions_of,
     render_systemone_response,
-    systemone_question_view,
 )
 
 # Model names System One clients send by default; they mean "the server's model".
@@ -37,16 +38,17 @@ def answering_model(call: Call, name: str) -> str:
                       "model_not_found")
 
 
-# INTERIM: still parses call.body by hand; the generated model is ignored until this route moves over.
-async def create_system_one(call: Call, parsed: Any = None) -> Response:
-    request = parse_systemone_request(call.body)
+@route(SYSTEMONE_RULES)
+async def create_system_one(call: Call, request: SystemOneRequest) -> Response:
+    questions = questions_of(request)
+    check_questions(questions)
     model = answering_model(call, request.model)
     if request.images:
         raise DecisionError(400, IMAGES_NEED_VISION)
-    job = DecisionJob(request.state_text, [systemone_question_view(q) for q in request.questions],
+    job = DecisionJob(render_text(request.state), [question_view(q) for _, q in questions],
                       context_limit=call.settings.context_limit, systemone=True)
     async for result in collect_or_cancel(call.request, call.engine.decide(model, job)):
-        body = render_systemone_response(model, list(zip(request.questions, result.answers, strict=True)),
-                                         result.input_tokens)
+        answers = [(qid, q, answer) for (qid, q), answer in zip(questions, result.answers, strict=True)]
+        body = render_systemone_response(model, answers, result.input_tokens)
         return Response(body, media_type="application/json")
     raise ApiError(499, "The client closed the request.", code="cancelled")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import threading
 from pathlib import Path
 
 import httpx
@@ -16,7 +15,7 @@ import typesafe_sdk
 from typesafe_sdk import Choice, Noul, Score, TypeSafeClient
 
 from live_server import LiveServer
-from swama.engine.decide import DecisionJob, score
+from swama.engine.decide import DecisionJob, DecisionResult, DecisionRun
 from swama.engine.model import load_language_model
 from swama.engine.scorer import (
     build_content,
@@ -74,6 +73,15 @@ def test_deterministic_and_independent_of_chat(client: openai.OpenAI) -> None:
     assert first == second
 
 
+def score(model, job: DecisionJob, *, prefix_reuse: bool) -> DecisionResult:
+    """The engine's scoring steps (`Engine.decide` runs them one turn each), back to back."""
+    run = DecisionRun(model, job, prefix_reuse=prefix_reuse)
+    run.start()
+    while not run.done:
+        run.score_next()
+    return run.result()
+
+
 @pytest.fixture(scope="module")
 def smollm2(smollm2_dir: Path):
     return load_language_model("smollm2", smollm2_dir)
@@ -109,7 +117,7 @@ def test_scores_equal_a_direct_computation(smollm2, client: openai.OpenAI) -> No
     for answer, (probs, _) in zip(served[1:3], direct[1:], strict=True):
         for got, want in zip([p.probability for p in answer.probabilities], probs, strict=True):
             assert math.isclose(got, want, abs_tol=1e-4)
-    fresh = score(smollm2, DecisionJob(INPUT, views(), 16384), threading.Event(), prefix_reuse=False)
+    fresh = score(smollm2, DecisionJob(INPUT, views(), 16384), prefix_reuse=False)
     for answer, (probs, mass) in zip(fresh.answers, direct, strict=True):
         assert all(math.isclose(a, b, abs_tol=1e-5) for a, b in zip(answer.probabilities, probs, strict=True))
         assert math.isclose(answer.mass, mass, rel_tol=1e-3)
@@ -118,8 +126,8 @@ def test_scores_equal_a_direct_computation(smollm2, client: openai.OpenAI) -> No
 def test_shared_prefix_equals_fresh_caches(smollm2) -> None:
     text = "Ticket: " + " ".join(f"line {i} of a long customer complaint about billing." for i in range(30))
     many = views() * 2
-    shared = score(smollm2, DecisionJob(text, many, 16384), threading.Event(), prefix_reuse=True)
-    fresh = score(smollm2, DecisionJob(text, many, 16384), threading.Event(), prefix_reuse=False)
+    shared = score(smollm2, DecisionJob(text, many, 16384), prefix_reuse=True)
+    fresh = score(smollm2, DecisionJob(text, many, 16384), prefix_reuse=False)
     assert shared.shared_prefix_tokens > 300 and fresh.shared_prefix_tokens == 0
     assert shared.input_tokens == fresh.input_tokens
     for a, b in zip(shared.answers, fresh.answers, strict=True):

@@ -23,7 +23,6 @@ from swama.engine.scorer import (
     check_reasoning_closed,
     check_round_trip,
     choice_labels,
-    context_limit,
     find_pair_labels,
     label_token_ids,
     labels_for,
@@ -413,11 +412,10 @@ def test_context_check() -> None:
             400,
             "The decision prompt exceeds the configured context limit.",
         )
-    error = _refusal(lambda: check_context(4096, context_limit(16384, has_images=True), systemone=True))
+    error = _refusal(lambda: check_context(4096, 4096, systemone=True))
     assert (
         error.message == "maximum context length: The decision prompt exceeds the configured context limit."
     )
-    assert context_limit() == 16384 and context_limit(2048, has_images=True) == 2048
 
 
 def test_decision_error_fields() -> None:

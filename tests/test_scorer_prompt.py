@@ -18,9 +18,12 @@ from swama.engine.scorer import (
     systemone_choice_view,
     systemone_score_view,
 )
-from swama.handlers.decisions_codec import decision_question_view, parse_decision_request
+from swama.generated.routes import OPERATIONS
+from swama.handlers import decisions_wire, systemone_wire
+from swama.handlers.decisions import create_decision
+from swama.handlers.dispatch import parse_json_request, rules_of
 from swama.handlers.strict_json import parse_strict_json
-from swama.handlers.systemone_codec import parse_systemone_request, systemone_question_view
+from swama.handlers.systemone import create_system_one
 
 # render_text ---------------------------------------------------------------------------------
 
@@ -57,11 +60,11 @@ def test_render_text_null_and_strings() -> None:
 
 def _systemone_contents(questions: str, state: str = '""') -> list[str]:
     body = f'{{"model":"m","state":{state},"questions":{questions}}}'.encode()
-    request = parse_systemone_request(body)
+    request = parse_json_request(OPERATIONS["createSystemOne"], rules_of(create_system_one), body)
     contents = []
-    for question in request.questions:
-        view = systemone_question_view(question)
-        contents.append(build_content(request.state_text, view, labels_for(view)))
+    for _, question in systemone_wire.questions_of(request):  # type: ignore[arg-type]
+        view = systemone_wire.question_view(question)
+        contents.append(build_content(render_text(request.state), view, labels_for(view)))  # type: ignore[attr-defined]
     return contents
 
 
@@ -177,11 +180,12 @@ DOCUMENTED_REQUEST = (
 
 
 def test_documented_example_contents() -> None:
-    request = parse_decision_request(DOCUMENTED_REQUEST)
+    request = parse_json_request(OPERATIONS["createDecision"], rules_of(create_decision), DOCUMENTED_REQUEST)
+    text, _ = decisions_wire.input_of(request.input)  # type: ignore[attr-defined]
     contents = []
-    for question in request.questions:
-        view = decision_question_view(question)
-        contents.append(build_content(request.input_text, view, labels_for(view)))
+    for question in decisions_wire.questions_of(request):  # type: ignore[arg-type]
+        view = decisions_wire.question_view(question)
+        contents.append(build_content(text, view, labels_for(view)))
     assert contents == [
         "My invoice charged me twice.\n\nIs the following true? Is this a billing issue?\n"
         "Answer with yes or no only.",

@@ -142,6 +142,23 @@ def test_api_key_is_enforced_when_configured(tmp_path) -> None:
         server.stop()
 
 
+def test_systemone_401_is_an_authentication_error(tmp_path) -> None:
+    server = start_server(tmp_path, tmp_path / "log", "--api-key", "sekret")
+    try:
+        body = {"model": "m", "state": "s", "questions": {"q": {"type": "noul", "instructions": "i"}}}
+        for headers in ({}, {"authorization": "Bearer nope"}):
+            r = httpx.post(server.v1 + "/systemone", json=body, headers=headers)
+            assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+            assert r.headers["x-typesafe-request-id"].startswith("systemone-")
+            message = "Missing or wrong API key: send 'Authorization: Bearer <key>'."
+            assert r.json() == {"error": {"message": message, "type": "authentication_error"},
+                                "detail": {"error_type": "authentication_error", "message": message}}
+        r = httpx.post(server.v1 + "/systemone", json=body, headers={"authorization": "Bearer sekret"})
+        assert r.status_code == 404  # past the key check: no model is installed
+    finally:
+        server.stop()
+
+
 def test_cli_help_explains_itself() -> None:
     out = subprocess.run([sys.executable, "-m", "swama.handlers.cli", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "serve" in out.stdout

@@ -13,11 +13,10 @@ import os
 import platform
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
-from swama.engine.decide import DecisionJob, score
+from swama.engine.decide import DecisionJob, DecisionRun
 from swama.engine.model import load_language_model
 from swama.engine.runtime import reexec_with_openblas
 from swama.engine.scorer import decision_choice_view, decision_score_view, predicate_view
@@ -51,8 +50,11 @@ def questions(n: int) -> list:
 
 def timed(model, job: DecisionJob, reuse: bool) -> tuple[float, object]:
     start = time.perf_counter()
-    result = score(model, job, threading.Event(), prefix_reuse=reuse)
-    return time.perf_counter() - start, result
+    run = DecisionRun(model, job, prefix_reuse=reuse)
+    run.start()
+    while not run.done:
+        run.score_next()
+    return time.perf_counter() - start, run.result()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,17 +3,13 @@
 from .answers import ScoredAnswer, answer_from_logits, answer_from_logprobs
 from .checks import (
     CHAT_TEMPLATE_REQUIRED,
-    DEFAULT_CONTEXT_LIMIT,
     IMAGES_NEED_VISION,
-    MEDIA_CONTEXT_LIMIT,
-    MODEL_NOT_AVAILABLE,
     DecisionError,
     answer_position_text,
     check_context,
     check_no_reasoning_opener,
     check_reasoning_closed,
     check_round_trip,
-    context_limit,
     reasoning_is_open,
     reasoning_opener_ids,
 )
@@ -56,12 +52,9 @@ from .questions import (
 
 __all__ = [
     "CHAT_TEMPLATE_REQUIRED",
-    "DEFAULT_CONTEXT_LIMIT",
     "DIGIT_LABELS",
     "IMAGES_NEED_VISION",
     "LETTER_LABELS",
-    "MEDIA_CONTEXT_LIMIT",
-    "MODEL_NOT_AVAILABLE",
     "PAIR_CANDIDATES",
     "PROMPT_FORMAT_VERSION",
     "YES_NO_LABELS",
@@ -85,7 +78,6 @@ __all__ = [
     "check_round_trip",
     "choice_confidence",
     "choice_labels",
-    "context_limit",
     "decision_choice_view",
     "decision_score_view",
     "expected_score",

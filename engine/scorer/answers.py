@@ -41,13 +41,11 @@ class ScoredAnswer:
         return self.probabilities[0]
 
 
-def answer_from_logprobs(
-    kind: QuestionKind, logprobs: Sequence[float], temperature: float = 1.0
-) -> ScoredAnswer:
+def answer_from_logprobs(kind: QuestionKind, logprobs: Sequence[float]) -> ScoredAnswer:
     """Score one question from its label log-probabilities (labels in request order)."""
     check_label_logprobs(logprobs)
     lp = [float(x) for x in logprobs]
-    probabilities = label_probabilities(lp, temperature)
+    probabilities = label_probabilities(lp)
     score = expected_score(probabilities) if kind == "score" else None
     if kind == "choice":
         confidence: float | None = choice_confidence(probabilities)

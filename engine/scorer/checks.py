@@ -19,10 +19,6 @@ IMAGES_NEED_VISION = "Images are not supported by this model; it has no vision p
 REASONING_OPENER_PREDICTED = "The model predicts a reasoning opener instead of a direct answer."
 INVALID_NEXT_TOKEN_LOGITS = "The model returned invalid next-token logits."
 INVALID_DECISION_LOGITS = "The model returned invalid decision logits."
-MODEL_NOT_AVAILABLE = "The model is not available locally."
-
-DEFAULT_CONTEXT_LIMIT = 16384
-MEDIA_CONTEXT_LIMIT = 4096
 
 REASONING_OPENERS = ("<think>", "[THINK]")
 _THINK_PAIRS = (("<think>", "</think>"), ("[THINK]", "[/THINK]"))
@@ -47,10 +43,6 @@ class _TextCodec(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, ids: Sequence[int]) -> str: ...
-
-
-def context_limit(configured: int = DEFAULT_CONTEXT_LIMIT, has_images: bool = False) -> int:
-    return min(configured, MEDIA_CONTEXT_LIMIT) if has_images else configured
 
 
 def check_context(token_count: int, limit: int, systemone: bool = False) -> None:

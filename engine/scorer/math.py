@@ -58,10 +58,10 @@ def label_mass(logprobs: Sequence[float]) -> float:
     return math.fsum(math.exp(x) for x in logprobs)
 
 
-def label_probabilities(logprobs: Sequence[float], temperature: float = 1.0) -> tuple[float, ...]:
-    """Softmax over the labels only (the vocabulary normaliser cancels)."""
+def label_probabilities(logprobs: Sequence[float]) -> tuple[float, ...]:
+    """Softmax over the labels only at temperature 1 (the vocabulary normaliser cancels)."""
     top = max(logprobs)
-    weights = [math.exp((x - top) / temperature) for x in logprobs]
+    weights = [math.exp(x - top) for x in logprobs]
     total = math.fsum(weights)
     return tuple(w / total for w in weights)
 

@@ -10,16 +10,19 @@ from typing import Any
 import pytest
 
 from swama.engine.scorer import DecisionError, ScoredAnswer, answer_from_logprobs
-from swama.handlers.decisions_codec import (
-    DecisionChoice,
-    DecisionImage,
-    DecisionLevel,
-    DecisionQuestion,
-    DecisionRequest,
-    decision_question_view,
-    parse_decision_request,
+from swama.generated.decisions_models import DecisionCreateRequest, DecisionQuestion
+from swama.generated.routes import OPERATIONS
+from swama.handlers.decisions import create_decision
+from swama.handlers.decisions_wire import (
+    Question,
+    check_questions,
+    input_of,
+    question_view,
+    questions_of,
     render_decision_response,
 )
+from swama.handlers.dispatch import parse_json_request, rules_of
+from swama.handlers.errors import ApiError
 
 SGLANG_SHAPE = (
     "The SGLang prompt format 1 request shape was removed from /v1/decisions; send the OpenAI Decisions "
@@ -45,6 +48,26 @@ def body(**changes: Any) -> bytes:
 _DROP = object()
 
 
+def option(value: str | bool, description: str | None = None) -> dict[str, Any]:
+    return {"value": value} if description is None else {"value": value, "description": description}
+
+
+def level(label: str, description: str | None = None) -> dict[str, Any]:
+    return {"label": label} if description is None else {"label": label, "description": description}
+
+
+def question(kind: str, name: str | None, instructions: str, choices: Any = (), levels: Any = ()) -> Question:
+    """A typed question as the generated model parses it."""
+    fields: dict[str, Any] = {"type": kind, "instructions": instructions}
+    if name is not None:
+        fields["name"] = name
+    if kind == "choice":
+        fields["choices"] = list(choices)
+    if kind == "score":
+        fields["levels"] = list(levels)
+    return DecisionQuestion.model_validate(fields).root
+
+
 def with_question(question: dict[str, Any], index: int = 0) -> bytes:
     questions = [dict(PREDICATE) for _ in range(index)] + [question]
     return body(questions=questions)
@@ -66,8 +89,16 @@ def message(content: Any, **extra: Any) -> dict[str, Any]:
     return {"role": "user", "content": content, **extra}
 
 
+def parse_decision_request(raw: bytes) -> DecisionCreateRequest:
+    """The route's parse: the pipeline with its rules, then the rules on the typed request."""
+    request = parse_json_request(OPERATIONS["createDecision"], rules_of(create_decision), raw)
+    assert isinstance(request, DecisionCreateRequest)
+    check_questions(questions_of(request))
+    return request
+
+
 def refusal(raw: bytes) -> str:
-    with pytest.raises(DecisionError) as caught:
+    with pytest.raises((ApiError, DecisionError)) as caught:
         parse_decision_request(raw)
     assert (caught.value.status, caught.value.type) == (400, "invalid_request_error")
     return caught.value.message
@@ -470,20 +501,16 @@ def test_check_order(raw: bytes, message: str) -> None:
 # Accepted limits and shapes --------------------------------------------------------------------
 
 
+def first_question(raw: bytes) -> Question:
+    return questions_of(parse_decision_request(raw))[0]
+
+
 def test_limits_accepted() -> None:
     assert len(parse_decision_request(body(questions=[PREDICATE] * 200)).questions) == 200
-    assert (
-        len(
-            parse_decision_request(with_question(choice(*[f"o{i}" for i in range(255)]))).questions[0].choices
-        )
-        == 255
-    )
-    assert len(parse_decision_request(with_question(choice("a", "b"))).questions[0].choices) == 2
-    assert (
-        len(parse_decision_request(with_question(score(*[f"l{i}" for i in range(10)]))).questions[0].levels)
-        == 10
-    )
-    assert len(parse_decision_request(with_question(score("a", "b"))).questions[0].levels) == 2
+    assert len(first_question(with_question(choice(*[f"o{i}" for i in range(255)]))).choices) == 255
+    assert len(first_question(with_question(choice("a", "b"))).choices) == 2
+    assert len(first_question(with_question(score(*[f"l{i}" for i in range(10)]))).levels) == 10
+    assert len(first_question(with_question(score("a", "b"))).levels) == 2
 
 
 def test_safety_identifier_counts_unicode_scalars() -> None:
@@ -504,36 +531,30 @@ def test_documented_example_request() -> None:
         b'{"type":"choice","instructions":"Was the customer charged correctly?",'
         b'"choices":[{"value":true},{"value":false}]}]}'
     )
-    assert parse_decision_request(raw) == DecisionRequest(
-        model="mlx-community/Qwen3.5-0.8B-4bit",
-        input_text="My invoice charged me twice.",
-        images=(),
-        questions=(
-            DecisionQuestion("predicate", "billing", "Is this a billing issue?"),
-            DecisionQuestion(
-                "choice",
-                "team",
-                "Which team should handle this?",
-                choices=(DecisionChoice("billing"), DecisionChoice("technical"), DecisionChoice("sales")),
-            ),
-            DecisionQuestion(
-                "score",
-                "urgency",
-                "How urgent is it?",
-                levels=(
-                    DecisionLevel("low"),
-                    DecisionLevel("medium"),
-                    DecisionLevel("high", "needs action today"),
-                ),
-            ),
-            DecisionQuestion(
-                "choice",
-                None,
-                "Was the customer charged correctly?",
-                choices=(DecisionChoice(True), DecisionChoice(False)),
-            ),
+    request = parse_decision_request(raw)
+    assert request.model_dump(mode="json", exclude_unset=True) == json.loads(raw)
+    assert input_of(request.input) == ("My invoice charged me twice.", [])
+    assert questions_of(request) == [
+        question("predicate", "billing", "Is this a billing issue?"),
+        question(
+            "choice",
+            "team",
+            "Which team should handle this?",
+            choices=(option("billing"), option("technical"), option("sales")),
         ),
-    )
+        question(
+            "score",
+            "urgency",
+            "How urgent is it?",
+            levels=(level("low"), level("medium"), level("high", "needs action today")),
+        ),
+        question(
+            "choice",
+            None,
+            "Was the customer charged correctly?",
+            choices=(option(True), option(False)),
+        ),
+    ]
 
 
 def test_openai_sdk_body() -> None:
@@ -544,11 +565,11 @@ def test_openai_sdk_body() -> None:
         b'{"value":true}]},{"type":"score","name":"urgency","instructions":"How urgent?",'
         b'"levels":[{"label":"low"},{"label":"high","description":"today"}]}]}'
     )
-    request = parse_decision_request(raw)
-    tone = request.questions[1]
-    assert [c.value for c in tone.choices] == ["calm", "angry", True]
-    assert decision_question_view(tone).option_details == ("", "upset", "")
-    assert decision_question_view(request.questions[2]).option_details == ("low", "high: today")
+    questions = questions_of(parse_decision_request(raw))
+    tone = questions[1]
+    assert [c.value.root for c in tone.choices] == ["calm", "angry", True]
+    assert question_view(tone).option_details == ("", "upset", "")
+    assert question_view(questions[2]).option_details == ("low", "high: today")
 
 
 def test_message_input_joins_texts_and_keeps_images() -> None:
@@ -566,56 +587,41 @@ def test_message_input_joins_texts_and_keeps_images() -> None:
             message([{"type": "input_text", "text": ""}]),
         ]
     )
-    request = parse_decision_request(raw)
-    assert request.input_text == "first\nsecond\n"
-    assert request.images == (
-        DecisionImage("input[1].content[0]", "data:image/png;base64,AAAA", "low"),
-        DecisionImage("input[1].content[2]", "https://example.com/x.png", None),
-    )
-    assert not request.low_detail_images
-
-
-def test_low_detail_only_when_every_image_is_low() -> None:
-    low = {"type": "input_image", "image_url": "data:", "detail": "low"}
-    assert parse_decision_request(with_input([message([low, low])])).low_detail_images
-    assert not parse_decision_request(
-        with_input([message([low, {**low, "detail": "auto"}])])
-    ).low_detail_images
-    assert not parse_decision_request(with_input("text")).low_detail_images
+    text, images = input_of(parse_decision_request(raw).input)
+    assert text == "first\nsecond\n"
+    assert [(image.image_url, image.detail) for image in images] == [
+        ("data:image/png;base64,AAAA", "low"),
+        ("https://example.com/x.png", None),
+    ]
 
 
 @pytest.mark.parametrize("detail", ["low", "high", "auto", "original", None])
 def test_image_details_accepted(detail: str | None) -> None:
     part = {"type": "input_image", "image_url": "data:", "detail": detail}
-    assert parse_decision_request(with_input([message([part])])).images[0].detail == detail
+    (image,) = input_of(parse_decision_request(with_input([message([part])])).input)[1]
+    assert image.detail == detail
 
 
 def test_blank_and_empty_inputs_are_allowed() -> None:
-    assert parse_decision_request(with_input("")).input_text == ""
-    assert parse_decision_request(with_input("  ")).input_text == "  "
-    assert parse_decision_request(with_input([])).input_text == ""
-    assert parse_decision_request(with_input([message([])])).input_text == ""
+    for value, text in (("", ""), ("  ", "  "), ([], ""), ([message([])], "")):
+        assert input_of(parse_decision_request(with_input(value)).input)[0] == text
 
 
 def test_unnamed_questions_may_repeat_and_names_are_kept() -> None:
     request = parse_decision_request(body(questions=[PREDICATE, PREDICATE, {**PREDICATE, "name": ""}]))
-    assert [q.name for q in request.questions] == [None, None, ""]
+    assert [q.name for q in questions_of(request)] == [None, None, ""]
 
 
 def test_more_than_26_distinct_choices_are_accepted() -> None:
-    request = parse_decision_request(with_question(choice(*[f"o{i}" for i in range(27)], True)))
-    assert len(request.questions[0].choices) == 28
+    assert len(first_question(with_question(choice(*[f"o{i}" for i in range(27)], True))).choices) == 28
 
 
 def test_strings_are_kept_verbatim() -> None:
     request = parse_decision_request(
         body(input="  in\tput ", questions=[{"type": "predicate", "instructions": " Q? ", "name": " n "}])
     )
-    assert (request.input_text, request.questions[0].instructions, request.questions[0].name) == (
-        "  in\tput ",
-        " Q? ",
-        " n ",
-    )
+    (only,) = questions_of(request)
+    assert (request.input, only.instructions, only.name) == ("  in\tput ", " Q? ", " n ")
 
 
 # Response -----------------------------------------------------------------------------------
@@ -639,18 +645,18 @@ GOLDEN = (
 
 def test_wire_golden() -> None:
     answers = [
-        (DecisionQuestion("predicate", None, "Q"), _answer("yes_no", [0.8, 0.2])),
+        (question("predicate", None, "Q"), _answer("yes_no", [0.8, 0.2])),
         (
-            DecisionQuestion(
+            question(
                 "choice",
                 "c",
                 "Q",
-                choices=(DecisionChoice(True), DecisionChoice(False), DecisionChoice("maybe")),
+                choices=(option(True), option(False), option("maybe")),
             ),
             _answer("choice", [0.25, 0.5, 0.25], choice_index=1, confidence=0.25),
         ),
         (
-            DecisionQuestion("score", "s", "Q", levels=(DecisionLevel("low"), DecisionLevel("high", "now"))),
+            question("score", "s", "Q", levels=(level("low"), level("high", "now"))),
             _answer("score", [0.75, 0.25], score=1, confidence=0.5),
         ),
     ]
@@ -671,27 +677,27 @@ def test_documented_example_response() -> None:
     bool_p = [0.5621765008857981, 0.4378234991142019]
     answers = [
         (
-            DecisionQuestion("predicate", "billing", "Q"),
+            question("predicate", "billing", "Q"),
             _answer("yes_no", [0.8175744761936437, 0.1824255238063563]),
         ),
         (
-            DecisionQuestion(
+            question(
                 "choice",
                 "team",
                 "Q",
-                choices=tuple(DecisionChoice(v) for v in ("billing", "technical", "sales")),
+                choices=tuple(option(v) for v in ("billing", "technical", "sales")),
             ),
             _answer("choice", team_p, confidence=choice_confidence(team_p)),
         ),
         (
-            DecisionQuestion(
+            question(
                 "score",
                 "urgency",
                 "Q",
                 levels=(
-                    DecisionLevel("low"),
-                    DecisionLevel("medium"),
-                    DecisionLevel("high", "needs action today"),
+                    level("low"),
+                    level("medium"),
+                    level("high", "needs action today"),
                 ),
             ),
             _answer(
@@ -703,7 +709,7 @@ def test_documented_example_response() -> None:
             ),
         ),
         (
-            DecisionQuestion("choice", None, "Q", choices=(DecisionChoice(True), DecisionChoice(False))),
+            question("choice", None, "Q", choices=(option(True), option(False))),
             _answer("choice", bool_p, confidence=choice_confidence(bool_p)),
         ),
     ]
@@ -714,12 +720,12 @@ def test_documented_example_response() -> None:
 
 
 def test_scored_answers_render_in_request_order() -> None:
-    question = DecisionQuestion("choice", "ü", "Q", choices=(DecisionChoice("b"), DecisionChoice("a")))
+    typed = question("choice", "ü", "Q", choices=(option("b"), option("a")))
     answer = answer_from_logprobs("choice", [math.log(0.1), math.log(0.3)])
-    wire = json.loads(render_decision_response("m", [(question, answer)], 7))
+    wire = json.loads(render_decision_response("m", [(typed, answer)], 7))
     assert wire["answers"][0]["choice"] == "a"
     assert [p["value"] for p in wire["answers"][0]["probabilities"]] == ["b", "a"]
-    assert render_decision_response("m", [(question, answer)], 7).startswith(
+    assert render_decision_response("m", [(typed, answer)], 7).startswith(
         b'{"model":"m","answers":[{"type":"choice","name":"\xc3\xbc"'
     )
 
@@ -728,49 +734,49 @@ def test_scored_answers_render_in_request_order() -> None:
     ("question", "answer", "message"),
     [
         (
-            DecisionQuestion("predicate", None, "Q"),
+            question("predicate", None, "Q"),
             _answer("yes_no", [math.nan, 0.5]),
             "The model returned an invalid decision answer.",
         ),
         (
-            DecisionQuestion("predicate", None, "Q"),
+            question("predicate", None, "Q"),
             _answer("yes_no", [1.0]),
             "The model returned an invalid decision answer.",
         ),
         (
-            DecisionQuestion("predicate", None, "Q"),
+            question("predicate", None, "Q"),
             _answer("choice", [0.5, 0.5], confidence=0),
             "The model returned an invalid decision answer.",
         ),
         (
-            DecisionQuestion("choice", None, "Q", choices=(DecisionChoice("a"), DecisionChoice("b"))),
+            question("choice", None, "Q", choices=(option("a"), option("b"))),
             _answer("choice", [0.2, 0.3, 0.5], confidence=0.1),
             "The model returned an invalid choice answer.",
         ),
         (
-            DecisionQuestion("choice", None, "Q", choices=(DecisionChoice("a"), DecisionChoice("b"))),
+            question("choice", None, "Q", choices=(option("a"), option("b"))),
             _answer("choice", [0.5, 0.5], confidence=math.inf),
             "The model returned an invalid choice answer.",
         ),
         (
-            DecisionQuestion("choice", None, "Q", choices=(DecisionChoice("a"), DecisionChoice("b"))),
+            question("choice", None, "Q", choices=(option("a"), option("b"))),
             _answer("choice", [0.5, 0.5], confidence=0.0, choice_index=2),
             "The model returned an invalid choice answer.",
         ),
         (
-            DecisionQuestion("score", None, "Q", levels=(DecisionLevel("a"), DecisionLevel("b"))),
+            question("score", None, "Q", levels=(level("a"), level("b"))),
             _answer("score", [0.5, 0.5], score=math.nan, confidence=0.0),
             "The model returned an invalid score answer.",
         ),
         (
-            DecisionQuestion("score", None, "Q", levels=(DecisionLevel("a"), DecisionLevel("b"))),
+            question("score", None, "Q", levels=(level("a"), level("b"))),
             _answer("score", [0.5], score=0.0, confidence=0.0),
             "The model returned an invalid score answer.",
         ),
     ],
 )
 def test_invalid_answers_are_server_errors(
-    question: DecisionQuestion, answer: ScoredAnswer, message: str
+    question: Question, answer: ScoredAnswer, message: str
 ) -> None:
     with pytest.raises(DecisionError) as caught:
         render_decision_response("m", [(question, answer)], 1)

@@ -9,17 +9,30 @@ from typing import Any
 
 import pytest
 
-from swama.engine.scorer import DecisionError, ScoredAnswer, answer_from_logprobs, build_content, labels_for
-from swama.handlers.decisions_codec import decision_question_view, parse_decision_request
-from swama.handlers.systemone_codec import (
-    MAX_BODY_BYTES,
-    SystemOneQuestion,
-    SystemOneRequest,
-    parse_systemone_request,
+from swama.engine.scorer import (
+    DecisionError,
+    ScoredAnswer,
+    answer_from_logprobs,
+    build_content,
+    labels_for,
+    render_text,
+)
+from swama.generated.routes import OPERATIONS
+from swama.generated.systemone_models import SystemOneQuestion, SystemOneRequest
+from swama.handlers import decisions_wire
+from swama.handlers.decisions import create_decision
+from swama.handlers.dispatch import BODY_LIMITS, parse_json_request, rules_of
+from swama.handlers.errors import ApiError
+from swama.handlers.systemone import create_system_one
+from swama.handlers.systemone_wire import (
+    Question,
+    check_questions,
+    question_view,
+    questions_of,
     render_systemone_response,
-    systemone_question_view,
 )
 
+MAX_BODY_BYTES = 13 * 1024 * 1024
 BLANK = (
     "Non-empty instructions are required on this decision backend. Supported bounds: a choice needs at least "
     "two options; a score takes 2 to 10 levels."
@@ -58,8 +71,24 @@ def options(count: int) -> dict[str, None]:
     return {f"option {i}": None for i in range(count)}
 
 
+def parse_systemone_request(raw: bytes) -> SystemOneRequest:
+    """The route's parse: the pipeline with its rules, then the rule on the typed questions."""
+    request = parse_json_request(OPERATIONS["createSystemOne"], rules_of(create_system_one), raw)
+    assert isinstance(request, SystemOneRequest)
+    check_questions(questions_of(request))
+    return request
+
+
+def questions(raw: bytes) -> list[tuple[str, Question]]:
+    return questions_of(parse_systemone_request(raw))
+
+
+def typed(question: dict[str, Any]) -> Question:
+    return SystemOneQuestion.model_validate(question).root
+
+
 def refusal(raw: bytes, status: int = 400) -> str:
-    with pytest.raises(DecisionError) as caught:
+    with pytest.raises((ApiError, DecisionError)) as caught:
         parse_systemone_request(raw)
     assert (caught.value.status, caught.value.type) == (status, "invalid_request_error")
     return caught.value.message
@@ -339,10 +368,9 @@ def test_refusals(raw: bytes, message: str) -> None:
 # Body size --------------------------------------------------------------------------------------
 
 
-def test_body_over_13_mib_is_413() -> None:
-    assert MAX_BODY_BYTES == 13 * 1024 * 1024
-    assert refusal(b" " * (MAX_BODY_BYTES + 1), status=413) == "The request body is larger than 13 MiB."
-    assert refusal(body() + b" " * MAX_BODY_BYTES, status=413) == "The request body is larger than 13 MiB."
+def test_body_limit_is_13_mib() -> None:
+    # Bodies over the limit get 413 before parsing (tests/test_server.py sends one).
+    assert BODY_LIMITS["/v1/systemone"] == MAX_BODY_BYTES
 
 
 def test_exactly_13_mib_is_parsed() -> None:
@@ -418,18 +446,16 @@ def test_typesafe_sdk_body() -> None:
         b'"urgency":{"type":"score","instructions":"How urgent?",'
         b'"criteria":["Can wait","This week","Today"]}}}'
     )
-    assert parse_systemone_request(raw) == SystemOneRequest(
-        model="my-model",
-        state="I was charged twice. Please help.",
-        questions=(
-            SystemOneQuestion("billing", "noul", "Is this about billing?"),
-            SystemOneQuestion(
-                "tone", "choice", "What is the tone?", options=(("calm", None), ("angry", "An upset message"))
-            ),
-            SystemOneQuestion("urgency", "score", "How urgent?", levels=("Can wait", "This week", "Today")),
-        ),
-        images=None,
-    )
+    request = parse_systemone_request(raw)
+    assert (request.model, request.state, request.images) == ("my-model", "I was charged twice. Please help.", None)
+    assert questions_of(request) == [
+        ("billing", typed({"type": "noul", "instructions": "Is this about billing?"})),
+        ("tone", typed({"type": "choice", "instructions": "What is the tone?",
+                        "criteria": {"calm": None, "angry": "An upset message"}})),
+        ("urgency", typed({"type": "score", "instructions": "How urgent?",
+                           "criteria": ["Can wait", "This week", "Today"]})),
+    ]
+    assert request.model_dump(mode="json", exclude_unset=True) == json.loads(raw)
 
 
 def test_unknown_top_level_fields_are_ignored_and_nulls_accepted() -> None:
@@ -445,17 +471,25 @@ def test_unknown_top_level_fields_are_ignored_and_nulls_accepted() -> None:
         )
     )
     assert request.model == "m" and len(request.questions) == 1
+    assert "assets" not in request.model_dump()  # ignored: System One's contract allows them
     for kwargs in ({}, {"enable_thinking": False}):
         parse_systemone_request(body(chat_template_kwargs=kwargs))
 
 
-def test_images_are_kept_raw() -> None:
+def test_images_are_checked_by_the_schema() -> None:
     assert parse_systemone_request(body()).images is None
     assert parse_systemone_request(body(images=None)).images is None
     assert parse_systemone_request(body(images=[])).images == []
     images = ["data:image/png;base64,AAAA", {"content_type": "image/png", "base64": "AAAA"}]
-    assert parse_systemone_request(body(images=images)).images == images
-    assert parse_systemone_request(body(images="not a list")).images == "not a list"
+    assert [image.model_dump() for image in parse_systemone_request(body(images=images)).images] == images
+    assert refusal(body(images="not a list")) == "images must be an array."
+    assert refusal(body(images=["data:"] * 5)) == "A request accepts at most 4 images."
+    assert refusal(body(images=["https://x/y.png"])) == "images[0] must be a base64 data URL."
+    assert refusal(body(images=[5])) == "images[0] must be a data URL string or an object."
+    assert refusal(body(images=[{**images[1], "x": 1}])) == "Unknown images[0] field 'x'."
+    assert refusal(body(images=[{"base64": "AAAA"}])) == "images[0] needs string content_type and base64 fields."
+    assert refusal(body(images=[{**images[1], "content_type": "image/gif"}])) == (
+        "images[0] content_type must be image/png, image/jpeg, or image/webp.")
 
 
 @pytest.mark.parametrize("state", ["", "  ", {}, [], {"a": [1, 2.50]}, [{"b": None}]])
@@ -465,33 +499,28 @@ def test_states(state: Any) -> None:
 
 def test_structured_instructions_and_criteria() -> None:
     question = {"type": "noul", "instructions": ["ask", {"k": 1}], "criteria": {"false": [1], "true": None}}
-    (parsed,) = parse_systemone_request(with_question(question)).questions
-    assert (parsed.instructions, parsed.criteria_true, parsed.criteria_false) == (
-        ["ask", {"k": 1}],
-        None,
-        [1],
-    )
-    (bare,) = parse_systemone_request(with_question({**NOUL, "criteria": None})).questions
-    assert (bare.criteria_true, bare.criteria_false) == (None, None)
-    (empty,) = parse_systemone_request(with_question({**NOUL, "criteria": {}})).questions
-    assert (empty.criteria_true, empty.criteria_false) == (None, None)
+    ((_, parsed),) = questions(with_question(question))
+    assert (parsed.instructions.root, parsed.criteria.true, parsed.criteria.false) == (["ask", {"k": 1}], None, [1])
+    assert question_view(parsed).option_details == ("", "[1]")
+    ((_, bare),) = questions(with_question({**NOUL, "criteria": None}))
+    ((_, empty),) = questions(with_question({**NOUL, "criteria": {}}))
+    assert question_view(bare).option_details == question_view(empty).option_details == ("", "")
 
 
 @pytest.mark.parametrize("count", [2, 26, 27, 151, 255])
 def test_choice_counts_accepted(count: int) -> None:
-    (question,) = parse_systemone_request(with_question(choice(options(count)))).questions
-    assert [name for name, _ in question.options] == list(options(count))
+    ((_, question),) = questions(with_question(choice(options(count))))
+    assert list(question.criteria) == list(options(count))
 
 
 @pytest.mark.parametrize("count", [2, 10])
 def test_score_counts_accepted(count: int) -> None:
-    (question,) = parse_systemone_request(with_question(score([f"l{i}" for i in range(count)]))).questions
-    assert len(question.levels) == count
+    ((_, question),) = questions(with_question(score([f"l{i}" for i in range(count)])))
+    assert len(question.criteria) == count
 
 
 def test_question_ids_keep_order_and_may_be_empty() -> None:
-    request = parse_systemone_request(body(questions={"z": NOUL, "": NOUL, "a": NOUL}))
-    assert [q.id for q in request.questions] == ["z", "", "a"]
+    assert [qid for qid, _ in questions(body(questions={"z": NOUL, "": NOUL, "a": NOUL}))] == ["z", "", "a"]
 
 
 def test_legend_depth() -> None:
@@ -528,11 +557,14 @@ def test_same_prompts_as_the_equivalent_decisions_request() -> None:
             }
         ).encode()
     )
-    decisions = parse_decision_request(
+    state_text = render_text(systemone.state)
+    decisions = parse_json_request(
+        OPERATIONS["createDecision"],
+        rules_of(create_decision),
         json.dumps(
             {
                 "model": "m",
-                "input": systemone.state_text,
+                "input": state_text,
                 "questions": [
                     {"type": "predicate", "instructions": "Is this about billing?"},
                     {
@@ -547,14 +579,15 @@ def test_same_prompts_as_the_equivalent_decisions_request() -> None:
                     },
                 ],
             }
-        ).encode()
+        ).encode(),
     )
-    assert systemone.state_text == '{"ticket":"Refund please","tags":["billing"],"amount":12.5}'
-    for s_question, d_question in zip(systemone.questions, decisions.questions, strict=True):
-        s_view, d_view = systemone_question_view(s_question), decision_question_view(d_question)
+    assert state_text == '{"ticket":"Refund please","tags":["billing"],"amount":12.5}'
+    pairs = zip(questions_of(systemone), decisions_wire.questions_of(decisions), strict=True)  # type: ignore[arg-type]
+    for (_, s_question), d_question in pairs:
+        s_view, d_view = question_view(s_question), decisions_wire.question_view(d_question)
         assert s_view == d_view
-        assert build_content(systemone.state_text, s_view, labels_for(s_view)) == build_content(
-            decisions.input_text, d_view, labels_for(d_view)
+        assert build_content(state_text, s_view, labels_for(s_view)) == build_content(
+            decisions_wire.input_of(decisions.input)[0], d_view, labels_for(d_view)  # type: ignore[attr-defined]
         )
 
 
@@ -578,16 +611,16 @@ FIXTURE_RESPONSE = (
 def test_response_fixture() -> None:
     request = parse_systemone_request(FIXTURE_REQUEST)
     lp = [math.log(0.2), math.log(0.2)]
-    answers = [(q, answer_from_logprobs(systemone_question_view(q).kind, lp)) for q in request.questions]
+    answers = [(qid, q, answer_from_logprobs(question_view(q).kind, lp)) for qid, q in questions_of(request)]
     wire = render_systemone_response(request.model, answers, 123)
     assert wire == FIXTURE_RESPONSE
     assert "confidence" not in json.loads(wire)["answers"]["yn"]
 
 
 def test_legend_echoes_original_json_values() -> None:
-    question = SystemOneQuestion("s", "score", "i", levels=("plain", {"z": 1.50, "a": [True, None]}, ["é"]))
+    question = typed({"type": "score", "instructions": "i", "criteria": ["plain", {"z": 1.50, "a": [True, None]}, ["é"]]})
     answer = answer_from_logprobs("score", [math.log(0.1), math.log(0.1), math.log(0.2)])
-    wire = render_systemone_response("m", [(question, answer)], 1)
+    wire = render_systemone_response("m", [("s", question, answer)], 1)
     assert b'"legend":{"0":"plain","1":{"z":1.5,"a":[true,null]},"2":["\xc3\xa9"]}' in wire
     assert json.loads(wire)["answers"]["s"]["score"] == pytest.approx(1.25)
 
@@ -597,32 +630,27 @@ def _answer(kind: str, probabilities: list[float], **fields: Any) -> ScoredAnswe
     return ScoredAnswer(kind=kind, probabilities=tuple(probabilities), **values)  # type: ignore[arg-type]
 
 
+NOUL_Q = {"type": "noul", "instructions": "i"}
+CHOICE_Q = {"type": "choice", "instructions": "i", "criteria": {"a": None, "b": None}}
+SCORE_Q = {"type": "score", "instructions": "i", "criteria": ["a", "b"]}
+
+
 @pytest.mark.parametrize(
     ("question", "answer"),
     [
-        (SystemOneQuestion("n", "noul", "i"), _answer("yes_no", [math.nan, 0.5])),
-        (SystemOneQuestion("n", "noul", "i"), _answer("yes_no", [0.5, 0.5], mass=math.inf)),
-        (SystemOneQuestion("n", "noul", "i"), _answer("score", [0.5, 0.5], score=0.5, confidence=0.0)),
-        (
-            SystemOneQuestion("c", "choice", "i", options=(("a", None), ("b", None))),
-            _answer("choice", [1.0], confidence=1.0),
-        ),
-        (
-            SystemOneQuestion("c", "choice", "i", options=(("a", None), ("b", None))),
-            _answer("choice", [0.5, 0.5]),
-        ),
-        (
-            SystemOneQuestion("s", "score", "i", levels=("a", "b")),
-            _answer("score", [0.5, 0.5], score=math.nan, confidence=0.0),
-        ),
+        (NOUL_Q, _answer("yes_no", [math.nan, 0.5])),
+        (NOUL_Q, _answer("yes_no", [0.5, 0.5], mass=math.inf)),
+        (NOUL_Q, _answer("score", [0.5, 0.5], score=0.5, confidence=0.0)),
+        (CHOICE_Q, _answer("choice", [1.0], confidence=1.0)),
+        (CHOICE_Q, _answer("choice", [0.5, 0.5])),
+        (SCORE_Q, _answer("score", [0.5, 0.5], score=math.nan, confidence=0.0)),
     ],
 )
-def test_invalid_answers_are_server_errors(question: SystemOneQuestion, answer: ScoredAnswer) -> None:
+def test_invalid_answers_are_server_errors(question: dict[str, Any], answer: ScoredAnswer) -> None:
     with pytest.raises(DecisionError) as caught:
-        render_systemone_response("m", [(question, answer)], 1)
+        render_systemone_response("m", [("q", typed(question), answer)], 1)
     assert (caught.value.status, caught.value.message, caught.value.type) == (
         500,
         "The model returned an invalid SystemOne answer.",
         "server_error",
     )
-

@@ -1,0 +1,132 @@
+"""What /v1/decisions and /v1/systemone mean the same way: the limits, the answer checks before
+rendering, and a request's schema errors located where the user wrote them, for each route to
+report the one its check order puts first."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pydantic
+
+from swama.engine.scorer import QuestionKind, ScoredAnswer
+from swama.handlers.errors import ApiError
+
+MAX_QUESTIONS = 200
+MIN_CHOICES, MAX_CHOICES = 2, 255
+MIN_LEVELS, MAX_LEVELS = 2, 10
+
+Path = tuple[str | int, ...]
+
+
+def refuse(message: str) -> ApiError:
+    return ApiError(400, message)
+
+
+def plain(value: Any) -> Any:
+    """A generated root model's value as sent (text, object or array); other values as they are."""
+    return value.root if isinstance(value, pydantic.RootModel) else value
+
+
+# Answers ----------------------------------------------------------------------------------
+
+
+def _finite(*values: float | None) -> bool:
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)
+
+
+def answer_is_sound(answer: ScoredAnswer, kind: QuestionKind, option_count: int) -> bool:
+    """Whether a scored answer fits its question before it is rendered: the kind, one probability
+    per option, the chosen index, and finite numbers (confidence for choice and score, the
+    expected score for score)."""
+    extra = () if kind == "yes_no" else (answer.confidence,)
+    if kind == "score":
+        extra += (answer.score,)
+    return (
+        answer.kind == kind
+        and len(answer.probabilities) == option_count
+        and 0 <= answer.choice_index < option_count
+        and _finite(*answer.probabilities, answer.mass, *extra)
+    )
+
+
+# Schema errors ----------------------------------------------------------------------------
+
+TAG_ERRORS = frozenset({"union_tag_invalid", "union_tag_not_found"})
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One schema error: `path` into the decoded JSON (ending in the field's name for a missing or
+    unknown field), pydantic's error type, and the value it judged (for a missing field or a
+    union tag, the object holding it)."""
+
+    path: Path
+    kind: str
+    value: Any
+
+
+_ABSENT = object()
+
+
+def child(node: Any, part: str | int) -> Any:
+    if isinstance(node, dict):
+        return node.get(part, _ABSENT) if isinstance(part, str) else _ABSENT
+    if isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+        return node[part]
+    return _ABSENT
+
+
+def _located(loc: tuple[Any, ...], data: Any, kind: str) -> Path:
+    """The error's place in the data: pydantic's location less its union member and tag names
+    (`str`, `list[...]`, `choice`, a generated class name), which the data does not hold."""
+    node, path = data, []
+    for i, part in enumerate(loc):
+        found = child(node, part)
+        if found is not _ABSENT:
+            node = found
+            path.append(part)
+        elif kind == "missing" and i == len(loc) - 1:
+            path.append(part)
+    return tuple(path)
+
+
+def _below(path: Path, other: Path) -> bool:
+    return len(other) > len(path) and other[: len(path)] == path
+
+
+def faults(exc: pydantic.ValidationError, data: Any) -> list[Fault]:
+    """The errors of `exc` located in `data`. A union member that does not take the value's kind
+    reports a type error at the union itself; when another member got further (errors below that
+    path), that error says nothing about the request and is left out."""
+    found = [Fault(_located(e["loc"], data, e["type"]), e["type"], e.get("input"))
+             for e in exc.errors(include_url=False)]
+    return [f for f in found
+            if not (f.kind.endswith("_type") and any(_below(f.path, g.path) for g in found))]
+
+
+def length_bounds(model: type[pydantic.BaseModel], field: str) -> tuple[int, int]:
+    """A list or map field's length limits as the generated model states them."""
+    schema = model.model_json_schema()["properties"][field]
+    low = schema.get("minItems", schema.get("minProperties", 0))
+    return low, schema.get("maxItems", schema.get("maxProperties", 2**63))
+
+
+def with_lengths(found: list[Fault], data: Any, bounds: Callable[[Path], tuple[int, int] | None]) -> list[Fault]:
+    """pydantic judges a list's or map's length only once its items are valid, but the routes
+    check the length first: add the length fault a container with bad items would also get."""
+    extra: dict[Path, Fault] = {}
+    for fault in found:
+        for end in range(1, len(fault.path)):
+            path = fault.path[:end]
+            limits = bounds(path)
+            if limits is None or path in extra:
+                continue
+            node = data
+            for part in path:
+                node = child(node, part)
+            if isinstance(node, (list, dict)) and not limits[0] <= len(node) <= limits[1]:
+                extra[path] = Fault(path, "too_short" if len(node) < limits[0] else "too_long", node)
+    return found + list(extra.values())
