@@ -63,7 +63,16 @@ def schema_error(exc: pydantic.ValidationError, data: Any = None) -> ApiError:
     return (refused or worded or [openai_schema_error(exc, data)])[0]
 
 
-RULES = RouteRules(schema_error=schema_error, handled=frozenset(CreateChatCompletionRequest.model_fields))
+# Every field the handler acts on, or accepts with a stated local meaning (see the overlay); a field
+# a spec change adds to the model is refused until it is listed here.
+HANDLED = frozenset({
+    "model", "messages", "stream", "temperature", "top_p", "max_tokens", "max_completion_tokens",
+    "presence_penalty", "frequency_penalty", "seed", "stop", "tools", "tool_choice", "n", "logprobs",
+    "modalities", "response_format", "top_k", "min_p", "repetition_penalty", "repetition_context_size",
+    "context_limit", "stream_options", "parallel_tool_calls", "store", "user", "safety_identifier",
+    "prompt_cache_key", "metadata",
+})
+RULES = RouteRules(schema_error=schema_error, handled=HANDLED)
 
 
 def _parts(content: Any, where: str) -> list[str]:

@@ -53,7 +53,13 @@ def before_model(data: dict[str, Any]) -> None:
             raise malformed(f"`{name}` must be a JSON boolean")
 
 
-FIELDS = frozenset(CreateResponse.model_fields)
+# Every field the handler acts on or accepts with a local meaning; a field a spec change adds is
+# refused until it is listed here.
+FIELDS = frozenset({
+    "model", "input", "instructions", "stream", "temperature", "top_p", "max_output_tokens", "tools",
+    "tool_choice", "text", "truncation", "store", "background", "parallel_tool_calls", "client_metadata",
+    "prompt_cache_key", "reasoning", "include",
+})
 ROUTE_RULES = RouteRules(bad_json=bad_json, not_object=not_object, before_model=before_model,
                          schema_error=schema_error, handled=FIELDS, unhandled=unsupported)
 
