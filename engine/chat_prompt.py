@@ -110,6 +110,9 @@ def _trim(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, 
             mid = (lo + hi) // 2
             m["content"] = tokenizer.decode(tokens[:mid])
             candidate = [x for x in messages if x.get("content") or x.get("tool_calls") or x["role"] != "assistant"]
+            if not candidate:  # nothing would be left to answer: that does not fit either
+                hi = mid - 1
+                continue
             text = _render(tokenizer, candidate, tools)
             ids = encode(tokenizer, text)
             if len(ids) < limit:
@@ -121,7 +124,8 @@ def _trim(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, 
             m["content"] = tokenizer.decode(tokens[: best[0]])
             return Prompt(best[2], best[1], trimmed=True)
         m["content"] = ""
-        size = len(encode(tokenizer, _render(tokenizer, [x for x in messages if x.get("content")
-                                                          or x["role"] != "assistant"], tools)))
+        rest = [x for x in messages if x.get("content") or x["role"] != "assistant"]
+        if rest:
+            size = len(encode(tokenizer, _render(tokenizer, rest, tools)))
     raise EngineError(400, f"Prompt still exceeds context limit ({size} > {limit}) after trimming.",
                       "context_limit_exceeded")

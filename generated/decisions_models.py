@@ -5,6 +5,8 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Literal
 
+from swama.generated.json_types import JSONInt
+
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -12,7 +14,6 @@ from pydantic import (
     RootModel,
     StrictBool,
     StrictFloat,
-    StrictInt,
     StrictStr,
 )
 
@@ -173,7 +174,7 @@ class DecisionScoreLevel(BaseModel):
 
 
 class DecisionScoreProbability(BaseModel):
-    value: StrictInt
+    value: JSONInt
     label: StrictStr
     probability: StrictFloat
 
@@ -202,18 +203,18 @@ class DecisionQuestion(
 
 
 class DecisionUsage(BaseModel):
-    input_tokens: StrictInt
+    input_tokens: JSONInt
     input_tokens_details: DecisionUsageInputTokensDetails
-    output_tokens: StrictInt
+    output_tokens: JSONInt
     output_tokens_details: DecisionUsageOutputTokensDetails
-    total_tokens: StrictInt
-    compute_units: StrictInt | None = None
+    total_tokens: JSONInt
+    compute_units: JSONInt | None = None
 
 
 class DecisionUsageInputTokensDetails(BaseModel):
-    cached_tokens: StrictInt
-    cache_write_tokens: StrictInt
+    cached_tokens: JSONInt
+    cache_write_tokens: JSONInt
 
 
 class DecisionUsageOutputTokensDetails(BaseModel):
-    reasoning_tokens: StrictInt
+    reasoning_tokens: JSONInt

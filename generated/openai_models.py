@@ -6,6 +6,8 @@ from datetime import date
 from enum import Enum, StrEnum
 from typing import Annotated, Any, Literal
 
+from swama.generated.json_types import JSONInt
+
 from pydantic import (
     AnyUrl,
     BaseModel,
@@ -14,7 +16,6 @@ from pydantic import (
     RootModel,
     StrictBool,
     StrictFloat,
-    StrictInt,
     StrictStr,
     StringConstraints,
 )
@@ -302,7 +303,7 @@ class ChatCompletionMessageToolCall(BaseModel):
 
 
 class ChatCompletionMessageToolCallChunk(BaseModel):
-    index: StrictInt
+    index: JSONInt
     id: StrictStr | None = None
     type: ChatCompletionMessageToolCallChunkType | None = None
     function: ChatCompletionMessageToolCallChunkFunction | None = None
@@ -432,7 +433,7 @@ class ChatCompletionRequestDeveloperMessageRole(StrEnum):
 
 
 class ChatCompletionRequestFunctionMessage(BaseModel):
-    role: Literal["function"]
+    role: ChatCompletionRequestFunctionMessageRole
     content: StrictStr | None
     name: StrictStr
 
@@ -478,7 +479,7 @@ class ChatCompletionRequestMessageContentPartFileType(StrEnum):
 
 
 class ChatCompletionRequestMessageContentPartImage(BaseModel):
-    type: ChatCompletionRequestMessageContentPartImageType
+    type: Literal["image_url"]
     image_url: ChatCompletionRequestMessageContentPartImageImageUrl
     prompt_cache_breakpoint: PromptCacheBreakpointParam | None = None
 
@@ -610,11 +611,10 @@ class ChatCompletionRequestMessage(
         | ChatCompletionRequestUserMessage
         | ChatCompletionRequestAssistantMessage
         | ChatCompletionRequestToolMessage
-        | ChatCompletionRequestFunctionMessage
     ]
 ):
     root: Annotated[
-        ChatCompletionRequestDeveloperMessage | ChatCompletionRequestSystemMessage | ChatCompletionRequestUserMessage | ChatCompletionRequestAssistantMessage | ChatCompletionRequestToolMessage | ChatCompletionRequestFunctionMessage,
+        ChatCompletionRequestDeveloperMessage | ChatCompletionRequestSystemMessage | ChatCompletionRequestUserMessage | ChatCompletionRequestAssistantMessage | ChatCompletionRequestToolMessage,
         Field(discriminator="role"),
     ]
 
@@ -623,11 +623,12 @@ class ChatCompletionRequestUserMessageContentPart(
     RootModel[
         ChatCompletionRequestMessageContentPartText
         | ChatCompletionRequestMessageContentPartImage
-        | ChatCompletionRequestMessageContentPartAudio
-        | ChatCompletionRequestMessageContentPartFile
     ]
 ):
-    root: ChatCompletionRequestMessageContentPartText | ChatCompletionRequestMessageContentPartImage | ChatCompletionRequestMessageContentPartAudio | ChatCompletionRequestMessageContentPartFile
+    root: Annotated[
+        ChatCompletionRequestMessageContentPartText | ChatCompletionRequestMessageContentPartImage,
+        Field(discriminator="type"),
+    ]
 
 
 class ChatCompletionRequestUserMessageContent(
@@ -663,15 +664,15 @@ class ChatCompletionResponseMessageAnnotationType(StrEnum):
 
 
 class ChatCompletionResponseMessageAnnotationUrlCitation(BaseModel):
-    end_index: StrictInt
-    start_index: StrictInt
+    end_index: JSONInt
+    start_index: JSONInt
     url: AnyUrl
     title: StrictStr
 
 
 class ChatCompletionResponseMessageAudio(BaseModel):
     id: StrictStr
-    expires_at: StrictInt
+    expires_at: JSONInt
     data: StrictStr
     transcript: StrictStr
 
@@ -720,14 +721,14 @@ class ChatCompletionStreamResponseDeltaRole(StrEnum):
 class ChatCompletionTokenLogprob(BaseModel):
     token: StrictStr
     logprob: StrictFloat
-    bytes: list[StrictInt] | None
+    bytes: list[JSONInt] | None
     top_logprobs: list[ChatCompletionTokenLogprobTopLogprob]
 
 
 class ChatCompletionTokenLogprobTopLogprob(BaseModel):
     token: StrictStr
     logprob: StrictFloat
-    bytes: list[StrictInt] | None
+    bytes: list[JSONInt] | None
 
 
 class ChatCompletionTool(BaseModel):
@@ -767,8 +768,8 @@ class ClickButtonType(StrEnum):
 class ClickParam(BaseModel):
     type: Literal["click"]
     button: ClickButtonType
-    x: StrictInt
-    y: StrictInt
+    x: JSONInt
+    y: JSONInt
     keys: list[StrictStr] | None = None
 
 
@@ -888,27 +889,27 @@ class ComparisonFilterType(StrEnum):
 
 
 class CompletionUsage(BaseModel):
-    completion_tokens: StrictInt
-    prompt_tokens: StrictInt
-    total_tokens: StrictInt
+    completion_tokens: JSONInt
+    prompt_tokens: JSONInt
+    total_tokens: JSONInt
     completion_tokens_details: CompletionUsageCompletionTokensDetails | None = None
     prompt_tokens_details: CompletionUsagePromptTokensDetails | None = None
 
 
 class CompletionUsageCompletionTokensDetails(BaseModel):
-    accepted_prediction_tokens: StrictInt = 0
-    audio_tokens: StrictInt = 0
-    reasoning_tokens: StrictInt = 0
-    text_tokens: StrictInt | None = None
-    rejected_prediction_tokens: StrictInt = 0
+    accepted_prediction_tokens: JSONInt = 0
+    audio_tokens: JSONInt = 0
+    reasoning_tokens: JSONInt = 0
+    text_tokens: JSONInt | None = None
+    rejected_prediction_tokens: JSONInt = 0
 
 
 class CompletionUsagePromptTokensDetails(BaseModel):
-    audio_tokens: StrictInt = 0
-    cached_tokens: StrictInt = 0
-    text_tokens: StrictInt | None = None
-    image_tokens: StrictInt | None = None
-    cache_write_tokens: StrictInt = 0
+    audio_tokens: JSONInt = 0
+    cached_tokens: JSONInt = 0
+    text_tokens: JSONInt | None = None
+    image_tokens: JSONInt | None = None
+    cache_write_tokens: JSONInt = 0
 
 
 class CompoundFilter(BaseModel):
@@ -1028,8 +1029,8 @@ class ComputerToolType(StrEnum):
 class ComputerUsePreviewTool(BaseModel):
     type: Literal["computer_use_preview"]
     environment: ComputerEnvironment
-    display_width: StrictInt
-    display_height: StrictInt
+    display_width: JSONInt
+    display_height: JSONInt
 
 
 class ComputerUsePreviewToolType(StrEnum):
@@ -1057,8 +1058,8 @@ class ContainerFileCitationBody(BaseModel):
     type: Literal["container_file_citation"]
     container_id: StrictStr
     file_id: StrictStr
-    start_index: StrictInt
-    end_index: StrictInt
+    start_index: JSONInt
+    end_index: JSONInt
     filename: StrictStr
 
 
@@ -1122,8 +1123,8 @@ class ContextManagementParam(BaseModel):
     compact_threshold: ContextManagementParamCompactThreshold | None = None
 
 
-class ContextManagementParamCompactThreshold(RootModel[StrictInt]):
-    root: Annotated[StrictInt, Field(ge=1000)]
+class ContextManagementParamCompactThreshold(RootModel[JSONInt]):
+    root: Annotated[JSONInt, Field(ge=1000)]
 
 
 class ConversationParam2(BaseModel):
@@ -1135,15 +1136,15 @@ class ConversationParam(RootModel[StrictStr | ConversationParam2]):
 
 
 class CoordParam(BaseModel):
-    x: StrictInt
-    y: StrictInt
+    x: JSONInt
+    y: JSONInt
 
 
 class CreateChatCompletionRequest(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
     )
-    model: ModelIdsShared
+    model: Annotated[StrictStr, Field(min_length=1, pattern="[^\\s\\x1c-\\x1f]")]
     messages: Annotated[list[ChatCompletionRequestMessage], Field(min_length=1)]
     stream: StrictBool | None = None
     temperature: CreateChatCompletionRequestTemperature | None = None
@@ -1152,7 +1153,7 @@ class CreateChatCompletionRequest(BaseModel):
     max_completion_tokens: CreateChatCompletionRequestMaxCompletionTokens | None = None
     presence_penalty: CreateChatCompletionRequestPresencePenalty | None = None
     frequency_penalty: CreateChatCompletionRequestFrequencyPenalty | None = None
-    seed: StrictInt | None = None
+    seed: JSONInt | None = None
     stop: StopConfiguration | None = None
     tools: list[ChatCompletionTool] | None = None
     tool_choice: ChatCompletionToolChoiceOption | None = None
@@ -1160,11 +1161,11 @@ class CreateChatCompletionRequest(BaseModel):
     logprobs: CreateChatCompletionRequestLogprobs | None = None
     modalities: CreateChatCompletionRequestModalities | None = None
     response_format: ResponseFormatText | None = None
-    top_k: Annotated[StrictInt | None, Field(ge=0)] = None
+    top_k: Annotated[JSONInt | None, Field(ge=0)] = None
     min_p: Annotated[StrictFloat | None, Field(ge=0.0, le=1.0)] = None
     repetition_penalty: CreateChatCompletionRequestRepetitionPenalty | None = None
-    repetition_context_size: Annotated[StrictInt | None, Field(ge=1)] = None
-    context_limit: Annotated[StrictInt | None, Field(ge=1)] = None
+    repetition_context_size: Annotated[JSONInt | None, Field(ge=1)] = None
+    context_limit: Annotated[JSONInt | None, Field(ge=1)] = None
     stream_options: CreateChatCompletionRequestStreamOptions | None = None
     parallel_tool_calls: StrictBool | None = None
     store: CreateChatCompletionRequestStore | None = None
@@ -1182,12 +1183,12 @@ class CreateChatCompletionRequestLogprobs(Enum):
     boolean_False = False
 
 
-class CreateChatCompletionRequestMaxCompletionTokens(RootModel[StrictInt]):
-    root: Annotated[StrictInt, Field(ge=1)]
+class CreateChatCompletionRequestMaxCompletionTokens(RootModel[JSONInt]):
+    root: Annotated[JSONInt, Field(ge=1)]
 
 
-class CreateChatCompletionRequestMaxTokens(RootModel[StrictInt]):
-    root: Annotated[StrictInt, Field(ge=1)]
+class CreateChatCompletionRequestMaxTokens(RootModel[JSONInt]):
+    root: Annotated[JSONInt, Field(ge=1)]
 
 
 class CreateChatCompletionRequestModalitiesCreateChatCompletionRequestModality(StrEnum):
@@ -1203,8 +1204,8 @@ class CreateChatCompletionRequestModalities(
     ]
 
 
-class CreateChatCompletionRequestN(RootModel[StrictInt]):
-    root: Annotated[StrictInt, Field(ge=1, le=1)]
+class CreateChatCompletionRequestN(RootModel[JSONInt]):
+    root: Annotated[JSONInt, Field(ge=1, le=1)]
 
 
 class CreateChatCompletionRequestPresencePenalty(RootModel[StrictFloat]):
@@ -1237,7 +1238,7 @@ class CreateChatCompletionRequestTopP(RootModel[StrictFloat]):
 class CreateChatCompletionResponse(BaseModel):
     id: StrictStr
     choices: list[CreateChatCompletionResponseChoice]
-    created: StrictInt
+    created: JSONInt
     model: StrictStr
     metadata: Metadata | None = None
     service_tier: ServiceTier | None = None
@@ -1249,7 +1250,7 @@ class CreateChatCompletionResponse(BaseModel):
 
 class CreateChatCompletionResponseChoice(BaseModel):
     finish_reason: CreateChatCompletionResponseChoiceFinishReason
-    index: StrictInt
+    index: JSONInt
     message: ChatCompletionResponseMessage
     logprobs: CreateChatCompletionResponseChoiceLogprobs | None
 
@@ -1274,7 +1275,7 @@ class CreateChatCompletionResponseObject(StrEnum):
 class CreateChatCompletionStreamResponse(BaseModel):
     id: StrictStr
     choices: list[CreateChatCompletionStreamResponseChoice]
-    created: StrictInt
+    created: JSONInt
     model: StrictStr
     obfuscation: StrictStr | None = None
     service_tier: ServiceTier | None = None
@@ -1290,7 +1291,7 @@ class CreateChatCompletionStreamResponseChoice(BaseModel):
     finish_reason: Annotated[
         CreateChatCompletionStreamResponseChoiceFinishReason | None, Field(...)
     ]
-    index: StrictInt
+    index: JSONInt
 
 
 class CreateChatCompletionStreamResponseChoiceFinishReason(StrEnum):
@@ -1317,7 +1318,7 @@ class CreateEmbeddingRequest(BaseModel):
     input: StrictStr | CreateEmbeddingRequestInput | CreateEmbeddingRequestInput1 | CreateEmbeddingRequestInput2
     model: StrictStr | CreateEmbeddingRequestModel
     encoding_format: CreateEmbeddingRequestEncodingFormat = "float"
-    dimensions: Annotated[StrictInt | None, Field(ge=1)] = None
+    dimensions: Annotated[JSONInt | None, Field(ge=1)] = None
     user: StrictStr | None = None
 
 
@@ -1332,16 +1333,16 @@ class CreateEmbeddingRequestInput(RootModel[list[StrictStr]]):
     ]
 
 
-class CreateEmbeddingRequestInput1(RootModel[list[StrictInt]]):
+class CreateEmbeddingRequestInput1(RootModel[list[JSONInt]]):
     root: Annotated[
-        list[StrictInt], Field(max_length=2048, min_length=1, title="array")
+        list[JSONInt], Field(max_length=2048, min_length=1, title="array")
     ]
 
 
 class CreateEmbeddingRequestInput2CreateEmbeddingRequestInput2Item(
-    RootModel[list[StrictInt]]
+    RootModel[list[JSONInt]]
 ):
-    root: Annotated[list[StrictInt], Field(min_length=1)]
+    root: Annotated[list[JSONInt], Field(min_length=1)]
 
 
 class CreateEmbeddingRequestInput2(
@@ -1371,15 +1372,15 @@ class CreateEmbeddingResponseObject(StrEnum):
 
 
 class CreateEmbeddingResponseUsage(BaseModel):
-    prompt_tokens: StrictInt
-    total_tokens: StrictInt
+    prompt_tokens: JSONInt
+    total_tokens: JSONInt
 
 
 class CreateResponse(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
     )
-    model: Annotated[StrictStr, Field(min_length=1)]
+    model: Annotated[StrictStr, Field(min_length=1, pattern="[^\\s\\x1c-\\x1f]")]
     input: CreateResponseInput | CreateResponseInput1
     instructions: StrictStr | None = None
     stream: StrictBool = False
@@ -1413,8 +1414,8 @@ class CreateResponseInput(RootModel[StrictStr]):
     root: Annotated[StrictStr, Field(min_length=1)]
 
 
-class CreateResponseMaxOutputTokens(RootModel[StrictInt]):
-    root: Annotated[StrictInt, Field(ge=1, le=9007199254740992)]
+class CreateResponseMaxOutputTokens(RootModel[JSONInt]):
+    root: Annotated[JSONInt, Field(ge=1, le=9007199254740992)]
 
 
 class CreateResponseMaxOutputTokens1(RootModel[StrictFloat]):
@@ -1701,8 +1702,8 @@ class DirectToolCallCallerType(StrEnum):
 
 class DoubleClickAction(BaseModel):
     type: Literal["double_click"]
-    x: StrictInt
-    y: StrictInt
+    x: JSONInt
+    y: JSONInt
     keys: list[StrictStr] | None
 
 
@@ -1739,7 +1740,7 @@ class EasyInputMessageType(StrEnum):
 
 
 class Embedding(BaseModel):
-    index: StrictInt
+    index: JSONInt
     embedding: list[StrictFloat]
     object: EmbeddingObject
 
@@ -1766,7 +1767,7 @@ class ErrorResponse(BaseModel):
 class FileCitationBody(BaseModel):
     type: Literal["file_citation"]
     file_id: StrictStr
-    index: StrictInt
+    index: JSONInt
     filename: StrictStr
 
 
@@ -1789,7 +1790,7 @@ class FileInputDetail(StrEnum):
 class FilePath(BaseModel):
     type: Literal["file_path"]
     file_id: StrictStr
-    index: StrictInt
+    index: JSONInt
 
 
 class FilePathType(StrEnum):
@@ -1799,7 +1800,7 @@ class FilePathType(StrEnum):
 class FileSearchTool(BaseModel):
     type: Literal["file_search"]
     vector_store_ids: list[StrictStr]
-    max_num_results: StrictInt | None = None
+    max_num_results: JSONInt | None = None
     ranking_options: RankingOptions | None = None
     filters: Filters | None = None
 
@@ -1893,7 +1894,7 @@ class FunctionCallStatus(StrEnum):
 
 class FunctionObject(BaseModel):
     description: StrictStr | None = None
-    name: StrictStr
+    name: Annotated[StrictStr, Field(min_length=1)]
     parameters: FunctionParameters | None = None
     strict: StrictBool | None = None
 
@@ -1906,14 +1907,14 @@ class FunctionParameters(BaseModel):
 
 class FunctionShellAction(BaseModel):
     commands: list[StrictStr]
-    timeout_ms: StrictInt | None
-    max_output_length: StrictInt | None
+    timeout_ms: JSONInt | None
+    max_output_length: JSONInt | None
 
 
 class FunctionShellActionParam(BaseModel):
     commands: list[StrictStr]
-    timeout_ms: StrictInt | None = None
-    max_output_length: StrictInt | None = None
+    timeout_ms: JSONInt | None = None
+    max_output_length: JSONInt | None = None
 
 
 class FunctionShellCall(BaseModel):
@@ -1954,7 +1955,7 @@ class FunctionShellCallOutput(BaseModel):
     caller: ToolCallCaller | None = None
     status: FunctionShellCallOutputStatusEnum
     output: list[FunctionShellCallOutputContent]
-    max_output_length: StrictInt | None
+    max_output_length: JSONInt | None
     created_by: StrictStr | None = None
 
 
@@ -1976,12 +1977,12 @@ class FunctionShellCallOutputContentParam(BaseModel):
 
 class FunctionShellCallOutputExitOutcome(BaseModel):
     type: Literal["exit"]
-    exit_code: StrictInt
+    exit_code: JSONInt
 
 
 class FunctionShellCallOutputExitOutcomeParam(BaseModel):
     type: Literal["exit"]
-    exit_code: StrictInt
+    exit_code: JSONInt
 
 
 class FunctionShellCallOutputExitOutcomeParamType(StrEnum):
@@ -1999,7 +2000,7 @@ class FunctionShellCallOutputItemParam(BaseModel):
     type: FunctionShellCallOutputItemParamType
     output: list[FunctionShellCallOutputContentParam]
     status: FunctionShellCallItemStatus | None = None
-    max_output_length: StrictInt | None = None
+    max_output_length: JSONInt | None = None
 
 
 class FunctionShellCallOutputItemParamType(StrEnum):
@@ -2162,7 +2163,7 @@ class GrammarSyntax1(StrEnum):
 
 class HTTPError(BaseModel):
     type: Literal["http_error"]
-    code: StrictInt
+    code: JSONInt
     message: StrictStr
 
 
@@ -2194,12 +2195,12 @@ class ImageGenTool(BaseModel):
     quality: ImageGenToolQuality = "auto"
     size: StrictStr | ImageGenToolSize = "auto"
     output_format: ImageGenToolOutputFormat = "png"
-    output_compression: Annotated[StrictInt, Field(ge=0, le=100)] = 100
+    output_compression: Annotated[JSONInt, Field(ge=0, le=100)] = 100
     moderation: ImageGenToolModeration = "auto"
     background: ImageGenToolBackground = "auto"
     input_fidelity: InputFidelity | None = None
     input_image_mask: ImageGenToolInputImageMask | None = None
-    partial_images: Annotated[StrictInt, Field(ge=0, le=3)] = 0
+    partial_images: Annotated[JSONInt, Field(ge=0, le=3)] = 0
     action: ImageGenActionEnum | None = None
 
 
@@ -2506,7 +2507,7 @@ class LocalEnvironmentResourceType(StrEnum):
 class LocalShellExecAction(BaseModel):
     type: LocalShellExecActionType
     command: list[StrictStr]
-    timeout_ms: StrictInt | None = None
+    timeout_ms: JSONInt | None = None
     working_directory: StrictStr | None = None
     env: dict[str, StrictStr]
     user: StrictStr | None = None
@@ -2568,7 +2569,7 @@ class LocalSkillParam(BaseModel):
 class LogProb(BaseModel):
     token: StrictStr
     logprob: StrictFloat
-    bytes: list[StrictInt]
+    bytes: list[JSONInt]
     top_logprobs: list[TopLogProb]
 
 
@@ -2629,7 +2630,7 @@ class MCPListToolsType(StrEnum):
 
 class MCPProtocolError(BaseModel):
     type: Literal["mcp_protocol_error"]
-    code: StrictInt
+    code: JSONInt
     message: StrictStr
 
 
@@ -2758,11 +2759,11 @@ class Metadata(RootModel[dict[str, StrictStr] | None]):
 
 class Model(BaseModel):
     id: StrictStr
-    created: StrictInt
+    created: JSONInt
     object: ModelObject
     owned_by: StrictStr
     shutdown_date: date | None = None
-    size_in_bytes: Annotated[StrictInt | None, Field(ge=0)] = None
+    size_in_bytes: Annotated[JSONInt | None, Field(ge=0)] = None
 
 
 class ModelIdsResponsesModelIdsResponses(StrEnum):
@@ -2890,10 +2891,10 @@ class ModelResponseProperties(BaseModel):
     top_logprobs: ModelResponsePropertiesTopLogprobs | None = None
     temperature: ModelResponsePropertiesTemperature | None = None
     top_p: ModelResponsePropertiesTopP | None = None
-    user: StrictStr | None = None
     safety_identifier: ModelResponsePropertiesSafetyIdentifier | None = None
     prompt_cache_key: StrictStr | None = None
     prompt_cache_retention: ModelResponsePropertiesPromptCacheRetention | None = None
+    user: StrictStr | None = None
 
 
 class CreateModelResponseProperties(ModelResponseProperties):
@@ -2914,8 +2915,8 @@ class ModelResponsePropertiesTemperature(RootModel[StrictFloat]):
     root: Annotated[StrictFloat, Field(ge=0.0, le=2.0)] = 1
 
 
-class ModelResponsePropertiesTopLogprobs(RootModel[StrictInt]):
-    root: Annotated[StrictInt, Field(ge=0, le=20)]
+class ModelResponsePropertiesTopLogprobs(RootModel[JSONInt]):
+    root: Annotated[JSONInt, Field(ge=0, le=20)]
 
 
 class ModelResponsePropertiesTopP(RootModel[StrictFloat]):
@@ -2980,8 +2981,8 @@ class ModerationResultBodyType(StrEnum):
 
 class MoveParam(BaseModel):
     type: Literal["move"]
-    x: StrictInt
-    y: StrictInt
+    x: JSONInt
+    y: JSONInt
     keys: list[StrictStr] | None = None
 
 
@@ -3305,7 +3306,7 @@ class RefusalContentType(StrEnum):
 
 class ResponseAudioDeltaEvent(BaseModel):
     type: Literal["response.audio.delta"]
-    sequence_number: StrictInt
+    sequence_number: JSONInt
     delta: StrictStr
 
 
@@ -3315,7 +3316,7 @@ class ResponseAudioDeltaEventType(StrEnum):
 
 class ResponseAudioDoneEvent(BaseModel):
     type: Literal["response.audio.done"]
-    sequence_number: StrictInt
+    sequence_number: JSONInt
 
 
 class ResponseAudioDoneEventType(StrEnum):
@@ -3325,7 +3326,7 @@ class ResponseAudioDoneEventType(StrEnum):
 class ResponseAudioTranscriptDeltaEvent(BaseModel):
     type: Literal["response.audio.transcript.delta"]
     delta: StrictStr
-    sequence_number: StrictInt
+    sequence_number: JSONInt
 
 
 class ResponseAudioTranscriptDeltaEventType(StrEnum):
@@ -3334,7 +3335,7 @@ class ResponseAudioTranscriptDeltaEventType(StrEnum):
 
 class ResponseAudioTranscriptDoneEvent(BaseModel):
     type: Literal["response.audio.transcript.done"]
-    sequence_number: StrictInt
+    sequence_number: JSONInt
 
 
 class ResponseAudioTranscriptDoneEventType(StrEnum):
@@ -3343,10 +3344,10 @@ class ResponseAudioTranscriptDoneEventType(StrEnum):
 
 class ResponseCodeInterpreterCallCodeDeltaEvent(BaseModel):
     type: Literal["response.code_interpreter_call_code.delta"]
-    output_index: StrictInt
+    output_index: JSONInt
     item_id: StrictStr
     delta: StrictStr
-    sequence_number: StrictInt
+    sequence_number: JSONInt
 
 
 class ResponseCodeInterpreterCallCodeDeltaEventType(StrEnum):
@@ -3355,10 +3356,10 @@ class ResponseCodeInterpreterCallCodeDeltaEventType(StrEnum):
 
 class ResponseCodeInterpreterCallCodeDoneEvent(BaseModel):
     type: Literal["response.code_interpreter_call_code.done"]
-    output_index: StrictInt
+    output_index: JSONInt
     item_id: StrictStr
     code: StrictStr
-    sequence_number: StrictInt
+    sequence_number: JSONInt
 
 
 class ResponseCodeInterpreterCallCodeDoneEventType(StrEnum):
@@ -3367,9 +3368,9 @@ class ResponseCodeInterpreterCallCodeDoneEventType(StrEnum):
 
 class ResponseCodeInterpreterCallCompletedEvent(BaseModel):
     type: Literal["response.code_interpreter_call.completed"]
-    output_index: StrictInt
+    output_index: JSONInt
     item_id: StrictStr
-    sequence_number: StrictInt
+    sequence_number: JSONInt
 
 
 class ResponseCodeInterpreterCallCompletedEventType(StrEnum):
@@ -3378,9 +3379,9 @@ class ResponseCodeInterpreterCallCompletedEventType(StrEnum):
 
 class ResponseCodeInterpreterCallInProgressEvent(BaseModel):
     type: Literal["response.code_interpreter_call.in_progress"]
-    output_index: StrictInt
+    output_index: JSONInt
     item_id: StrictStr
-    sequence_number: StrictInt
+    sequence_number: JSONInt
 
 
 class ResponseCodeInterpreterCallInProgressEventType(StrEnum):
@@ -3389,9 +3390,9 @@ class ResponseCodeInterpreterCallInProgressEventType(StrEnum):
 
 class ResponseCodeInterpreterCallInterpretingEvent(BaseModel):
     type: Literal["response.code_interpreter_call.interpreting"]
-    output_index: StrictInt
+    output_index: JSONInt
     item_id: StrictStr
-    sequence_number: StrictInt
+    sequence_number: JSONInt
 
 
 class ResponseCodeInterpreterCallInterpretingEventType(StrEnum):
@@ -3401,7 +3402,7 @@ class ResponseCodeInterpreterCallInterpretingEventType(StrEnum):
 class ResponseCompletedEvent(BaseModel):
     type: Literal["response.completed"]
     response: Response
-    sequence_number: StrictInt
+    sequence_number: JSONInt
 
 
 class ResponseCompletedEventType(StrEnum):
@@ -3411,10 +3412,10 @@ class ResponseCompletedEventType(StrEnum):
 class ResponseContentPartAddedEvent(BaseModel):
     type: Literal["response.content_part.added"]
     item_id: StrictStr
-    output_index: StrictInt
-    content_index: StrictInt
+    output_index: JSONInt
+    content_index: JSONInt
     part: OutputContent
-    sequence_number: StrictInt
+    sequence_number: JSONInt
 
 
 class ResponseContentPartAddedEventType(StrEnum):
@@ -3424,9 +3425,9 @@ class ResponseContentPartAddedEventType(StrEnum):
 class ResponseContentPartDoneEvent(BaseModel):
     type: Literal["response.content_part.done"]
     item_id: StrictStr
-    output_index: StrictInt
-    content_index: StrictInt
-    sequence_number: StrictInt
+    output_index: JSONInt
+    content_index: JSONInt
+    sequence_number: JSONInt
     part: OutputContent
 
 
@@ -3441,7 +3442,7 @@ class ResponseConversation(BaseModel):
 class ResponseCreatedEvent(BaseModel):
     type: Literal["response.created"]
     response: Response
-    sequence_number: StrictInt
+    sequence_number: JSONInt
 
 
 class ResponseCreatedEventType(StrEnum):
@@ -3450,8 +3451,8 @@ class ResponseCreatedEventType(StrEnum):
 
 class ResponseCustomToolCallInputDeltaEvent(BaseModel):
     type: Literal["response.custom_tool_call_input.delta"]
-    sequence_number: StrictInt
-    output_index: StrictInt
+    sequence_number: JSONInt
+    output_index: JSONInt
     item_id: StrictStr
     delta: StrictStr
 
@@ -3462,8 +3463,8 @@ class ResponseCustomToolCallInputDeltaEventType(StrEnum):
 
 class ResponseCustomToolCallInputDoneEvent(BaseModel):
     type: Literal["response.custom_tool_call_input.done"]
-    sequence_number: StrictInt
-    output_index: StrictInt
+    sequence_number: JSONInt
+    output_index: JSONInt
     item_id: StrictStr
     input: StrictStr
 
@@ -3500,7 +3501,7 @@ class ResponseErrorEvent(BaseModel):
     code: StrictStr | None
     message: StrictStr
     param: StrictStr | None
-    sequence_number: StrictInt
+    sequence_number: JSONInt
 
 
 class ResponseErrorEventType(StrEnum):
@@ -3518,7 +3519,7 @@ class ResponseError(RootModel[ResponseErrorResponseError | None]):
 
 class ResponseFailedEvent(BaseModel):
     type: Literal["response.failed"]
-    sequence_number: StrictInt
+    sequence_number: JSONInt
     response: Response
 
 
@@ -3528,9 +3529,9 @@ class ResponseFailedEventType(StrEnum):
 
 class ResponseFileSearchCallCompletedEvent(BaseModel):
     type: Literal["response.file_search_call.completed"]
-    output_index: StrictInt
+    output_index: JSONInt
     item_id: StrictStr
-    sequence_number: StrictInt
+    sequence_number: JSONInt
 
 
 class ResponseFileSearchCallCompletedEventType(StrEnum):
@@ -3539,9 +3540,9 @@ class ResponseFileSearchCallCompletedEventType(StrEnum):
 
 class ResponseFileSearchCallInProgressEvent(BaseModel):
     type: Literal["response.file_search_call.in_progress"]
-    output_index: StrictInt
+    output_index: JSONInt
     item_id: StrictStr
-    sequence_number: StrictInt
+    sequence_number: JSONInt
 
 
 class ResponseFileSearchCallInProgressEventType(StrEnum):
@@ -3550,9 +3551,9 @@ class ResponseFileSearchCallInProgressEventType(StrEnum):
 
 class ResponseFileSearchCallSearchingEvent(BaseModel):
     type: Literal["response.file_search_call.searching"]
-    output_index: StrictInt
+    output_index: JSONInt
     item_id: StrictStr
-    sequence_number: StrictInt
+    sequence_number: JSONInt
 
 
 class ResponseFileSearchCallSearchingEventType(StrEnum):
@@ -3604,8 +3605,8 @@ class ResponseFormatTextType(StrEnum):
 class ResponseFunctionCallArgumentsDeltaEvent(BaseModel):
     type: Literal["response.function_call_arguments.delta"]
     item_id: StrictStr
-    output_index: StrictInt
-    sequence_number: StrictInt
+    output_index: JSONInt
+    sequence_number: JSONInt
     delta: StrictStr
 
 
@@ -3617,8 +3618,8 @@ class ResponseFunctionCallArgumentsDoneEvent(BaseModel):
     type: Literal["response.function_call_arguments.done"]
     item_id: StrictStr
     name: StrictStr
-    output_index: StrictInt
-    sequence_number: StrictInt
+    output_index: JSONInt
+    sequence_number: JSONInt
     arguments: StrictStr
 
 
@@ -3628,8 +3629,8 @@ class ResponseFunctionCallArgumentsDoneEventType(StrEnum):
 
 class ResponseImageGenCallCompletedEvent(BaseModel):
     type: Literal["response.image_generation_call.completed"]
-    output_index: StrictInt
-    sequence_number: StrictInt
+    output_index: JSONInt
+    sequence_number: JSONInt
     item_id: StrictStr
 
 
@@ -3639,9 +3640,9 @@ class ResponseImageGenCallCompletedEventType(StrEnum):
 
 class ResponseImageGenCallGeneratingEvent(BaseModel):
     type: Literal["response.image_generation_call.generating"]
-    output_index: StrictInt
+    output_index: JSONInt
     item_id: StrictStr
-    sequence_number: StrictInt
+    sequence_number: JSONInt
 
 
 class ResponseImageGenCallGeneratingEventType(StrEnum):
@@ -3650,9 +3651,9 @@ class ResponseImageGenCallGeneratingEventType(StrEnum):
 
 class ResponseImageGenCallInProgressEvent(BaseModel):
     type: Literal["response.image_generation_call.in_progress"]
-    output_index: StrictInt
+    output_index: JSONInt
     item_id: StrictStr
-    sequence_number: StrictInt
+    sequence_number: JSONInt
 
 
 class ResponseImageGenCallInProgressEventType(StrEnum):
@@ -3661,10 +3662,10 @@ class ResponseImageGenCallInProgressEventType(StrEnum):
 
 class ResponseImageGenCallPartialImageEvent(BaseModel):
     type: Literal["response.image_generation_call.partial_image"]
-    output_index: StrictInt
+    output_index: JSONInt
     item_id: StrictStr
-    sequence_number: StrictInt
-    partial_image_index: StrictInt
+    sequence_number: JSONInt
+    partial_image_index: JSONInt
     partial_image_b64: StrictStr
     size: StrictStr | None = None
     quality: StrictStr | None = None
@@ -3679,7 +3680,7 @@ class ResponseImageGenCallPartialImageEventType(StrEnum):
 class ResponseInProgressEvent(BaseModel):
     type: Literal["response.in_progress"]
     response: Response
-    sequence_number: StrictInt
+    sequence_number: JSONInt
 
 
 class ResponseInProgressEventType(StrEnum):
@@ -3689,7 +3690,7 @@ class ResponseInProgressEventType(StrEnum):
 class ResponseIncompleteEvent(BaseModel):
     type: Literal["response.incomplete"]
     response: Response
-    sequence_number: StrictInt
+    sequence_number: JSONInt
 
 
 class ResponseIncompleteEventType(StrEnum):
@@ -3709,10 +3710,10 @@ class ResponseLogProbTopLogprob(BaseModel):
 
 class ResponseMCPCallArgumentsDeltaEvent(BaseModel):
     type: Literal["response.mcp_call_arguments.delta"]
-    output_index: StrictInt
+    output_index: JSONInt
     item_id: StrictStr
     delta: StrictStr
-    sequence_number: StrictInt
+    sequence_number: JSONInt
 
 
 class ResponseMCPCallArgumentsDeltaEventType(StrEnum):
@@ -3721,10 +3722,10 @@ class ResponseMCPCallArgumentsDeltaEventType(StrEnum):
 
 class ResponseMCPCallArgumentsDoneEvent(BaseModel):
     type: Literal["response.mcp_call_arguments.done"]
-    output_index: StrictInt
+    output_index: JSONInt
     item_id: StrictStr
     arguments: StrictStr
-    sequence_number: StrictInt
+    sequence_number: JSONInt
 
 
 class ResponseMCPCallArgumentsDoneEventType(StrEnum):
@@ -3734,8 +3735,8 @@ class ResponseMCPCallArgumentsDoneEventType(StrEnum):
 class ResponseMCPCallCompletedEvent(BaseModel):
     type: Literal["response.mcp_call.completed"]
     item_id: StrictStr
-    output_index: StrictInt
-    sequence_number: StrictInt
+    output_index: JSONInt
+    sequence_number: JSONInt
 
 
 class ResponseMCPCallCompletedEventType(StrEnum):
@@ -3745,8 +3746,8 @@ class ResponseMCPCallCompletedEventType(StrEnum):
 class ResponseMCPCallFailedEvent(BaseModel):
     type: Literal["response.mcp_call.failed"]
     item_id: StrictStr
-    output_index: StrictInt
-    sequence_number: StrictInt
+    output_index: JSONInt
+    sequence_number: JSONInt
 
 
 class ResponseMCPCallFailedEventType(StrEnum):
@@ -3755,8 +3756,8 @@ class ResponseMCPCallFailedEventType(StrEnum):
 
 class ResponseMCPCallInProgressEvent(BaseModel):
     type: Literal["response.mcp_call.in_progress"]
-    sequence_number: StrictInt
-    output_index: StrictInt
+    sequence_number: JSONInt
+    output_index: JSONInt
     item_id: StrictStr
 
 
@@ -3767,8 +3768,8 @@ class ResponseMCPCallInProgressEventType(StrEnum):
 class ResponseMCPListToolsCompletedEvent(BaseModel):
     type: Literal["response.mcp_list_tools.completed"]
     item_id: StrictStr
-    output_index: StrictInt
-    sequence_number: StrictInt
+    output_index: JSONInt
+    sequence_number: JSONInt
 
 
 class ResponseMCPListToolsCompletedEventType(StrEnum):
@@ -3778,8 +3779,8 @@ class ResponseMCPListToolsCompletedEventType(StrEnum):
 class ResponseMCPListToolsFailedEvent(BaseModel):
     type: Literal["response.mcp_list_tools.failed"]
     item_id: StrictStr
-    output_index: StrictInt
-    sequence_number: StrictInt
+    output_index: JSONInt
+    sequence_number: JSONInt
 
 
 class ResponseMCPListToolsFailedEventType(StrEnum):
@@ -3789,8 +3790,8 @@ class ResponseMCPListToolsFailedEventType(StrEnum):
 class ResponseMCPListToolsInProgressEvent(BaseModel):
     type: Literal["response.mcp_list_tools.in_progress"]
     item_id: StrictStr
-    output_index: StrictInt
-    sequence_number: StrictInt
+    output_index: JSONInt
+    sequence_number: JSONInt
 
 
 class ResponseMCPListToolsInProgressEventType(StrEnum):
@@ -3808,8 +3809,8 @@ class ResponseModalities(RootModel[list[ResponseModalitiesResponseModality] | No
 
 class ResponseOutputItemAddedEvent(BaseModel):
     type: Literal["response.output_item.added"]
-    output_index: StrictInt
-    sequence_number: StrictInt
+    output_index: JSONInt
+    sequence_number: JSONInt
     item: OutputItem
 
 
@@ -3819,8 +3820,8 @@ class ResponseOutputItemAddedEventType(StrEnum):
 
 class ResponseOutputItemDoneEvent(BaseModel):
     type: Literal["response.output_item.done"]
-    output_index: StrictInt
-    sequence_number: StrictInt
+    output_index: JSONInt
+    sequence_number: JSONInt
     item: OutputItem
 
 
@@ -3831,10 +3832,10 @@ class ResponseOutputItemDoneEventType(StrEnum):
 class ResponseOutputTextAnnotationAddedEvent(BaseModel):
     type: Literal["response.output_text.annotation.added"]
     item_id: StrictStr
-    output_index: StrictInt
-    content_index: StrictInt
-    annotation_index: StrictInt
-    sequence_number: StrictInt
+    output_index: JSONInt
+    content_index: JSONInt
+    annotation_index: JSONInt
+    sequence_number: JSONInt
     annotation: Annotation | None
 
 
@@ -3855,7 +3856,7 @@ class ResponseProperties(BaseModel):
     previous_response_id: StrictStr | None = None
     model: ModelIdsResponses | None = None
     background: StrictBool | None = None
-    max_tool_calls: StrictInt | None = None
+    max_tool_calls: JSONInt | None = None
     text: ResponseTextParam | None = None
     tools: ToolsArray | None = None
     tool_choice: ToolChoiceParam | None = None
@@ -3868,20 +3869,20 @@ class Response(ModelResponseProperties, ResponseProperties):
     id: StrictStr
     object: Object
     status: Status | None = None
-    created_at: StrictInt
-    completed_at: StrictInt | None = None
+    created_at: JSONInt
+    completed_at: JSONInt | None = None
     error: ResponseError | None
     incomplete_details: IncompleteDetails | None
     output: list[OutputItem]
     reasoning: Reasoning | None = None
     instructions: StrictStr | list[InputItem] | None
     output_text: StrictStr | None = None
-    usage: ResponseUsage | None = None
     prompt_cache_options: PromptCacheOptions | None = None
     moderation: Moderation | None = None
     parallel_tool_calls: StrictBool
     conversation: ResponseConversation | None = None
-    max_output_tokens: StrictInt | None = None
+    max_output_tokens: JSONInt | None = None
+    usage: ResponseUsage | None = None
     model: ModelIdsResponses
     tools: ToolsArray
     metadata: Metadata | None
@@ -3893,7 +3894,7 @@ class Response(ModelResponseProperties, ResponseProperties):
 class ResponseQueuedEvent(BaseModel):
     type: Literal["response.queued"]
     response: Response
-    sequence_number: StrictInt
+    sequence_number: JSONInt
 
 
 class ResponseQueuedEventType(StrEnum):
@@ -3903,9 +3904,9 @@ class ResponseQueuedEventType(StrEnum):
 class ResponseReasoningSummaryPartAddedEvent(BaseModel):
     type: Literal["response.reasoning_summary_part.added"]
     item_id: StrictStr
-    output_index: StrictInt
-    summary_index: StrictInt
-    sequence_number: StrictInt
+    output_index: JSONInt
+    summary_index: JSONInt
+    sequence_number: JSONInt
     part: ResponseReasoningSummaryPartAddedEventPart
 
 
@@ -3925,10 +3926,10 @@ class ResponseReasoningSummaryPartAddedEventType(StrEnum):
 class ResponseReasoningSummaryPartDoneEvent(BaseModel):
     type: Literal["response.reasoning_summary_part.done"]
     item_id: StrictStr
-    output_index: StrictInt
-    summary_index: StrictInt
+    output_index: JSONInt
+    summary_index: JSONInt
     status: ResponseReasoningSummaryPartDoneEventStatus | None = None
-    sequence_number: StrictInt
+    sequence_number: JSONInt
     part: ResponseReasoningSummaryPartDoneEventPart
 
 
@@ -3952,10 +3953,10 @@ class ResponseReasoningSummaryPartDoneEventType(StrEnum):
 class ResponseReasoningSummaryTextDeltaEvent(BaseModel):
     type: Literal["response.reasoning_summary_text.delta"]
     item_id: StrictStr
-    output_index: StrictInt
-    summary_index: StrictInt
+    output_index: JSONInt
+    summary_index: JSONInt
     delta: StrictStr
-    sequence_number: StrictInt
+    sequence_number: JSONInt
 
 
 class ResponseReasoningSummaryTextDeltaEventType(StrEnum):
@@ -3965,10 +3966,10 @@ class ResponseReasoningSummaryTextDeltaEventType(StrEnum):
 class ResponseReasoningSummaryTextDoneEvent(BaseModel):
     type: Literal["response.reasoning_summary_text.done"]
     item_id: StrictStr
-    output_index: StrictInt
-    summary_index: StrictInt
+    output_index: JSONInt
+    summary_index: JSONInt
     text: StrictStr
-    sequence_number: StrictInt
+    sequence_number: JSONInt
 
 
 class ResponseReasoningSummaryTextDoneEventType(StrEnum):
@@ -3978,10 +3979,10 @@ class ResponseReasoningSummaryTextDoneEventType(StrEnum):
 class ResponseReasoningTextDeltaEvent(BaseModel):
     type: Literal["response.reasoning_text.delta"]
     item_id: StrictStr
-    output_index: StrictInt
-    content_index: StrictInt
+    output_index: JSONInt
+    content_index: JSONInt
     delta: StrictStr
-    sequence_number: StrictInt
+    sequence_number: JSONInt
 
 
 class ResponseReasoningTextDeltaEventType(StrEnum):
@@ -3991,10 +3992,10 @@ class ResponseReasoningTextDeltaEventType(StrEnum):
 class ResponseReasoningTextDoneEvent(BaseModel):
     type: Literal["response.reasoning_text.done"]
     item_id: StrictStr
-    output_index: StrictInt
-    content_index: StrictInt
+    output_index: JSONInt
+    content_index: JSONInt
     text: StrictStr
-    sequence_number: StrictInt
+    sequence_number: JSONInt
 
 
 class ResponseReasoningTextDoneEventType(StrEnum):
@@ -4004,10 +4005,10 @@ class ResponseReasoningTextDoneEventType(StrEnum):
 class ResponseRefusalDeltaEvent(BaseModel):
     type: Literal["response.refusal.delta"]
     item_id: StrictStr
-    output_index: StrictInt
-    content_index: StrictInt
+    output_index: JSONInt
+    content_index: JSONInt
     delta: StrictStr
-    sequence_number: StrictInt
+    sequence_number: JSONInt
 
 
 class ResponseRefusalDeltaEventType(StrEnum):
@@ -4017,10 +4018,10 @@ class ResponseRefusalDeltaEventType(StrEnum):
 class ResponseRefusalDoneEvent(BaseModel):
     type: Literal["response.refusal.done"]
     item_id: StrictStr
-    output_index: StrictInt
-    content_index: StrictInt
+    output_index: JSONInt
+    content_index: JSONInt
     refusal: StrictStr
-    sequence_number: StrictInt
+    sequence_number: JSONInt
 
 
 class ResponseRefusalDoneEventType(StrEnum):
@@ -4029,9 +4030,9 @@ class ResponseRefusalDoneEventType(StrEnum):
 
 class ResponseShellCallCommandAddedStreamingEvent(BaseModel):
     type: Literal["response.shell_call_command.added"]
-    sequence_number: StrictInt
-    output_index: StrictInt
-    command_index: StrictInt
+    sequence_number: JSONInt
+    output_index: JSONInt
+    command_index: JSONInt
     command: StrictStr
 
 
@@ -4041,9 +4042,9 @@ class ResponseShellCallCommandAddedStreamingEventType(StrEnum):
 
 class ResponseShellCallCommandDeltaStreamingEvent(BaseModel):
     type: Literal["response.shell_call_command.delta"]
-    sequence_number: StrictInt
-    output_index: StrictInt
-    command_index: StrictInt
+    sequence_number: JSONInt
+    output_index: JSONInt
+    command_index: JSONInt
     delta: StrictStr
     obfuscation: StrictStr | None = None
 
@@ -4054,9 +4055,9 @@ class ResponseShellCallCommandDeltaStreamingEventType(StrEnum):
 
 class ResponseShellCallCommandDoneStreamingEvent(BaseModel):
     type: Literal["response.shell_call_command.done"]
-    sequence_number: StrictInt
-    output_index: StrictInt
-    command_index: StrictInt
+    sequence_number: JSONInt
+    output_index: JSONInt
+    command_index: JSONInt
     command: StrictStr
 
 
@@ -4066,10 +4067,10 @@ class ResponseShellCallCommandDoneStreamingEventType(StrEnum):
 
 class ResponseShellCallOutputContentDeltaStreamingEvent(BaseModel):
     type: Literal["response.shell_call_output_content.delta"]
-    sequence_number: StrictInt
+    sequence_number: JSONInt
     item_id: StrictStr
-    output_index: StrictInt
-    command_index: StrictInt
+    output_index: JSONInt
+    command_index: JSONInt
     delta: ShellCallOutputDelta
 
 
@@ -4079,10 +4080,10 @@ class ResponseShellCallOutputContentDeltaStreamingEventType(StrEnum):
 
 class ResponseShellCallOutputContentDoneStreamingEvent(BaseModel):
     type: Literal["response.shell_call_output_content.done"]
-    sequence_number: StrictInt
+    sequence_number: JSONInt
     item_id: StrictStr
-    output_index: StrictInt
-    command_index: StrictInt
+    output_index: JSONInt
+    command_index: JSONInt
     output: list[FunctionShellCallOutputContent]
 
 
@@ -4103,10 +4104,10 @@ class ResponseStreamOptions(
 class ResponseTextDeltaEvent(BaseModel):
     type: Literal["response.output_text.delta"]
     item_id: StrictStr
-    output_index: StrictInt
-    content_index: StrictInt
+    output_index: JSONInt
+    content_index: JSONInt
     delta: StrictStr
-    sequence_number: StrictInt
+    sequence_number: JSONInt
     logprobs: list[ResponseLogProb]
 
 
@@ -4117,10 +4118,10 @@ class ResponseTextDeltaEventType(StrEnum):
 class ResponseTextDoneEvent(BaseModel):
     type: Literal["response.output_text.done"]
     item_id: StrictStr
-    output_index: StrictInt
-    content_index: StrictInt
+    output_index: JSONInt
+    content_index: JSONInt
     text: StrictStr
-    sequence_number: StrictInt
+    sequence_number: JSONInt
     logprobs: list[ResponseLogProb]
 
 
@@ -4134,27 +4135,27 @@ class ResponseTextParam(BaseModel):
 
 
 class ResponseUsage(BaseModel):
-    input_tokens: StrictInt
+    input_tokens: JSONInt
     input_tokens_details: ResponseUsageInputTokensDetails
-    output_tokens: StrictInt
+    output_tokens: JSONInt
     output_tokens_details: ResponseUsageOutputTokensDetails
-    total_tokens: StrictInt
+    total_tokens: JSONInt
 
 
 class ResponseUsageInputTokensDetails(BaseModel):
-    cached_tokens: StrictInt
-    cache_write_tokens: StrictInt
+    cached_tokens: JSONInt
+    cache_write_tokens: JSONInt
 
 
 class ResponseUsageOutputTokensDetails(BaseModel):
-    reasoning_tokens: StrictInt
+    reasoning_tokens: JSONInt
 
 
 class ResponseWebSearchCallCompletedEvent(BaseModel):
     type: Literal["response.web_search_call.completed"]
-    output_index: StrictInt
+    output_index: JSONInt
     item_id: StrictStr
-    sequence_number: StrictInt
+    sequence_number: JSONInt
 
 
 class ResponseWebSearchCallCompletedEventType(StrEnum):
@@ -4163,9 +4164,9 @@ class ResponseWebSearchCallCompletedEventType(StrEnum):
 
 class ResponseWebSearchCallInProgressEvent(BaseModel):
     type: Literal["response.web_search_call.in_progress"]
-    output_index: StrictInt
+    output_index: JSONInt
     item_id: StrictStr
-    sequence_number: StrictInt
+    sequence_number: JSONInt
 
 
 class ResponseWebSearchCallInProgressEventType(StrEnum):
@@ -4174,9 +4175,9 @@ class ResponseWebSearchCallInProgressEventType(StrEnum):
 
 class ResponseWebSearchCallSearchingEvent(BaseModel):
     type: Literal["response.web_search_call.searching"]
-    output_index: StrictInt
+    output_index: JSONInt
     item_id: StrictStr
-    sequence_number: StrictInt
+    sequence_number: JSONInt
 
 
 class ResponseStreamEvent(
@@ -4454,10 +4455,10 @@ class ScreenshotParamType(StrEnum):
 
 class ScrollParam(BaseModel):
     type: Literal["scroll"]
-    x: StrictInt
-    y: StrictInt
-    scroll_x: StrictInt
-    scroll_y: StrictInt
+    x: JSONInt
+    y: JSONInt
+    scroll_x: JSONInt
+    scroll_y: JSONInt
     keys: list[StrictStr] | None = None
 
 
@@ -4573,9 +4574,9 @@ class SpeechAudioDoneEventType(StrEnum):
 
 
 class SpeechAudioDoneEventUsage(BaseModel):
-    input_tokens: StrictInt
-    output_tokens: StrictInt
-    total_tokens: StrictInt
+    input_tokens: JSONInt
+    output_tokens: JSONInt
+    total_tokens: JSONInt
 
 
 class Status(StrEnum):
@@ -4810,11 +4811,11 @@ class ToolSearchToolParamType(StrEnum):
 class TopLogProb(BaseModel):
     token: StrictStr
     logprob: StrictFloat
-    bytes: list[StrictInt]
+    bytes: list[JSONInt]
 
 
-class TopLogprobs(RootModel[StrictInt]):
-    root: Annotated[StrictInt, Field(ge=0, le=20)]
+class TopLogprobs(RootModel[JSONInt]):
+    root: Annotated[JSONInt, Field(ge=0, le=20)]
 
 
 class TopLogprobs1(RootModel[None]):
@@ -4831,7 +4832,7 @@ class TranscriptTextDeltaEvent(BaseModel):
 class TranscriptTextDeltaEventLogprob(BaseModel):
     token: StrictStr | None = None
     logprob: StrictFloat | None = None
-    bytes: list[StrictInt] | None = None
+    bytes: list[JSONInt] | None = None
 
 
 class TranscriptTextDeltaEventType(StrEnum):
@@ -4849,7 +4850,7 @@ class TranscriptTextDoneEvent(BaseModel):
 class TranscriptTextDoneEventLogprob(BaseModel):
     token: StrictStr | None = None
     logprob: StrictFloat | None = None
-    bytes: list[StrictInt] | None = None
+    bytes: list[JSONInt] | None = None
 
 
 class TranscriptTextDoneEventType(StrEnum):
@@ -4893,15 +4894,15 @@ class TranscriptTextUsageDurationType(StrEnum):
 
 class TranscriptTextUsageTokens(BaseModel):
     type: Literal["tokens"]
-    input_tokens: StrictInt
+    input_tokens: JSONInt
     input_token_details: TranscriptTextUsageTokensInputTokenDetails | None = None
-    output_tokens: StrictInt
-    total_tokens: StrictInt
+    output_tokens: JSONInt
+    total_tokens: JSONInt
 
 
 class TranscriptTextUsageTokensInputTokenDetails(BaseModel):
-    text_tokens: StrictInt | None = None
-    audio_tokens: StrictInt | None = None
+    text_tokens: JSONInt | None = None
+    audio_tokens: JSONInt | None = None
 
 
 class TranscriptTextUsageTokensType(StrEnum):
@@ -4930,12 +4931,12 @@ class TranscriptionLanguage(BaseModel):
 
 
 class TranscriptionSegment(BaseModel):
-    id: StrictInt
-    seek: StrictInt
+    id: JSONInt
+    seek: JSONInt
     start: StrictFloat
     end: StrictFloat
     text: StrictStr
-    tokens: list[StrictInt]
+    tokens: list[JSONInt]
     temperature: StrictFloat
     avg_logprob: StrictFloat
     compression_ratio: StrictFloat
@@ -4965,8 +4966,8 @@ class TypeParamType(StrEnum):
 class UrlCitationBody(BaseModel):
     type: Literal["url_citation"]
     url: AnyUrl
-    start_index: StrictInt
-    end_index: StrictInt
+    start_index: JSONInt
+    end_index: JSONInt
     title: StrictStr
 
 
@@ -4988,8 +4989,8 @@ class VadConfig(BaseModel):
         extra="forbid",
     )
     type: VadConfigType
-    prefix_padding_ms: StrictInt = 300
-    silence_duration_ms: StrictInt = 200
+    prefix_padding_ms: JSONInt = 300
+    silence_duration_ms: JSONInt = 200
     threshold: StrictFloat = 0.5
 
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
+from swama.generated.json_types import JSONInt
+
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     RootModel,
     StrictFloat,
-    StrictInt,
     StrictStr,
 )
 
@@ -188,5 +189,5 @@ class SystemOneText(RootModel[StrictStr]):
 
 
 class SystemOneUsage(BaseModel):
-    input_tokens: Annotated[StrictInt, Field(title="Input Tokens")]
-    output_tokens: Annotated[StrictInt, Field(title="Output Tokens")]
+    input_tokens: Annotated[JSONInt, Field(title="Input Tokens")]
+    output_tokens: Annotated[JSONInt, Field(title="Output Tokens")]

@@ -42,6 +42,16 @@ def _worded(error: ErrorDetails, data: Any) -> ApiError | None:
     top, kind = path[0] if path else None, error["type"]
     if (kind == "extra_forbidden" and len(path) == 1) or (top in SINGLE_VALUED and len(path) <= 2):
         return DEFAULT_RULES.unhandled(str(top))
+    if top == "messages" and len(path) == 2 and kind in ("union_tag_invalid", "union_tag_not_found"):
+        message = data["messages"][path[1]]
+        role = message.get("role") if isinstance(message, dict) else None
+        return bad_request(f"Invalid role: {role}. {CHAT_ROLES}", param=f"messages.{path[1]}.role")
+    if top == "messages" and len(path) == 4 and path[2] == "content" and kind in (
+            "union_tag_invalid", "union_tag_not_found"):
+        part = data["messages"][path[1]]["content"][path[3]]
+        where = f"messages.{path[1]}.content.{path[3]}"
+        return bad_request(f"Content part type '{part.get('type')}' is not supported by this server.",
+                           code="unsupported_content", param=where)
     if top == "messages" and len(path) == 1:
         return bad_request("Invalid request payload or missing messages", param="messages")
     if top == "context_limit":
@@ -86,6 +96,8 @@ def _parts(content: Any, where: str) -> list[str]:
         kind = str(part.type)
         if kind == "text":
             texts.append(part.text)
+        elif kind == "refusal":  # an assistant turn's refusal is what it said
+            texts.append(part.refusal)
         elif kind == "image_url":
             raise bad_request("Images are not supported by this model; it has no vision processor.",
                               code="invalid_image", param=f"{where}.content.{j}")
@@ -187,7 +199,7 @@ async def create_chat_completion(call: Call, parsed: CreateChatCompletionRequest
             done = event
     if done is None:
         raise ApiError(499, "The client closed the request.", code="cancelled")
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(text), "refusal": None}
     if calls:
         message["tool_calls"] = [_wire_call(i, c) for i, c in enumerate(calls)]
         for c in message["tool_calls"]:

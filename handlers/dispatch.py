@@ -181,10 +181,8 @@ async def _parse_form(op: Operation, rules: RouteRules, request: Request, body: 
         kind = kinds.get(key, set())
         if "array" in kind:
             fields.setdefault(key, []).append(value)
-        elif kind & {"number", "integer", "boolean"}:
-            fields[key] = _form_scalar(value)
         else:
-            fields[key] = value
+            fields[key] = _form_value(value, kind)
     return validate(op.request_model, rules, fields)
 
 
@@ -192,21 +190,39 @@ async def _parse_form(op: Operation, rules: RouteRules, request: Request, body: 
 def _form_kinds(model: type[pydantic.BaseModel]) -> dict[str, set[str]]:
     """The JSON types each field may take: form fields arrive as text and are typed from these."""
 
-    def types(schema: dict[str, Any]) -> set[str]:
-        found = {schema["type"]} if isinstance(schema.get("type"), str) else set()
+    schema = model.model_json_schema()
+    defs = schema.get("$defs", {})
+
+    def types(node: dict[str, Any]) -> set[str]:
+        if "$ref" in node:
+            node = defs.get(node["$ref"].rsplit("/", 1)[-1], {})
+        found = {node["type"]} if isinstance(node.get("type"), str) else set()
+        if "enum" in node or "const" in node:
+            found.add("string")
         for key in ("anyOf", "oneOf", "allOf"):
-            for member in schema.get(key, []):
+            for member in node.get(key, []):
                 found |= types(member)
         return found
 
-    return {name: types(prop) for name, prop in model.model_json_schema()["properties"].items()}
+    return {name: types(prop) for name, prop in schema["properties"].items()}
 
 
-def _form_scalar(text: str) -> Any:
+_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", dict: "object", type(None): "null"}
+
+
+def _form_value(text: str, kinds: set[str]) -> Any:
+    """A form field's text as the JSON value it spells, when the field takes such a value (a number,
+    a boolean, null or an object); otherwise the text itself, for the model to judge."""
+    if not kinds - {"string"}:
+        return text
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except ValueError:
-        return text  # the model refuses it with its own message
+        return text
+    kind = _JSON_TYPES.get(type(value))
+    if kind in kinds or (kind == "integer" and "number" in kinds):
+        return value
+    return text
 
 
 def _decode(body: bytes, encoding: str) -> bytes:

@@ -11,7 +11,7 @@ from typing import Any
 
 from swama.engine.store import InstalledModel, list_installed
 from swama.handlers.dispatch import Call, route
-from swama.handlers.systemone import SDK_DEFAULT_MODELS
+from swama.handlers.systemone import SDK_DEFAULT_MODELS, server_default_model
 
 
 def _day(created: int) -> str:
@@ -28,7 +28,7 @@ def _catalog_entry(model: InstalledModel) -> dict[str, str]:
 async def list_models(call: Call, request: None) -> dict[str, Any]:
     installed = list_installed(call.settings.models_root)
     catalog = [_catalog_entry(m) for m in installed]
-    default = call.engine.store.find(call.settings.default_model) if call.settings.default_model else None
+    default = server_default_model(call)
     if default is not None:
         # System One clients send its default name; here it means the model the server started with.
         for alias in sorted(SDK_DEFAULT_MODELS):

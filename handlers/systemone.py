@@ -7,6 +7,7 @@ from fastapi import Response
 from swama.engine.decide import DecisionJob
 from swama.engine.errors import EngineError
 from swama.engine.scorer import IMAGES_NEED_VISION, DecisionError, render_text
+from swama.engine.store import InstalledModel
 from swama.generated.systemone_models import SystemOneRequest
 from swama.handlers.dispatch import Call, route
 from swama.handlers.errors import ApiError
@@ -23,16 +24,23 @@ from swama.handlers.systemone_wire import (
 SDK_DEFAULT_MODELS = {"jev-latest"}
 
 
+def server_default_model(call: Call) -> InstalledModel | None:
+    """What System One's default names mean here: the model `swama serve` was started with, else the
+    offline default model when it is installed."""
+    for candidate in (call.settings.default_model, "smollm2"):
+        if candidate and (default := call.engine.store.find(candidate)) is not None:
+            return default
+    return None
+
+
 def answering_model(call: Call, name: str) -> str:
     """An installed model id for `name`: itself, or for an SDK default name the server's default model."""
     store = call.engine.store
     found = store.find(name)
     if found is not None:
         return found.id
-    if name.strip().lower() in SDK_DEFAULT_MODELS:
-        for candidate in (call.settings.default_model, "smollm2"):
-            if candidate and (default := store.find(candidate)) is not None:
-                return default.id
+    if name.strip().lower() in SDK_DEFAULT_MODELS and (default := server_default_model(call)) is not None:
+        return default.id
     installed = ", ".join(m.id for m in store.list()) or "none"
     raise EngineError(404, f"The model '{name}' is not available locally (installed: {installed}).",
                       "model_not_found")

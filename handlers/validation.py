@@ -22,9 +22,10 @@ def user_path(loc: tuple[Any, ...], data: Any) -> list[str | int]:
             node = node[part]
         elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
             node = node[part]
-        elif isinstance(part, str) and (part in _TAGS or "[" in part or
-                                        (isinstance(node, dict) and part in _string_values(node))):
-            continue  # a union member or discriminator tag, not a field
+        elif isinstance(part, str) and (part in _TAGS or "[" in part or part[:1].isupper()
+                                        or isinstance(node, list)
+                                        or (isinstance(node, dict) and part in _string_values(node))):
+            continue  # a union member (a type or generated class name) or a discriminator tag
         else:
             path.append(part)  # a missing or unknown field: nothing to descend into
             break

@@ -55,13 +55,13 @@ def test_a_field_the_model_accepts_but_the_route_does_not_act_on_is_refused() ->
                                     __module__=op.request_model.__module__, brand_new=(str | None, None))
 
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-    assert validate(widened, rules, body).model.root == "m"
+    assert validate(widened, rules, body).model == "m"
     with pytest.raises(ApiError) as refused:
         validate(widened, rules, {**body, "brand_new": "x"})
     assert refused.value.status == 400 and refused.value.param == "brand_new"
     assert "not supported by this server" in refused.value.message
     # An explicit null means "not sent".
-    assert validate(widened, rules, {**body, "brand_new": None}).model.root == "m"
+    assert validate(widened, rules, {**body, "brand_new": None}).model == "m"
 
 
 @pytest.mark.parametrize("op", [op for op in BODY_OPERATIONS if op.media_type == "application/json"],
@@ -80,4 +80,7 @@ def test_form_fields_are_typed_from_the_model() -> None:
     op = OPERATIONS["createTranscription"]
     kinds = dispatch._form_kinds(op.request_model)
     assert "number" in kinds["temperature"] and "string" in kinds["model"]
-    assert dispatch._form_scalar("0.5") == 0.5 and dispatch._form_scalar("x") == "x"
+    assert dispatch._form_value("0.5", kinds["temperature"]) == 0.5
+    assert dispatch._form_value("x", kinds["temperature"]) == "x"  # the model refuses it
+    assert dispatch._form_value("null", kinds["chunking_strategy"]) is None
+    assert dispatch._form_value("0.5", kinds["model"]) == "0.5"  # text stays text

@@ -43,6 +43,37 @@ def _run_dmcg(spec: Path, out: Path) -> None:
         raise RuntimeError(f"datamodel-codegen failed on {spec.name}:\n{proc.stderr[-4000:]}")
 
 
+# JSON has one number type: 16.0 is the integer 16 to a JSON Schema validator, but pydantic's StrictInt
+# refuses it. Integer fields use JSONInt instead, which takes integral numbers and nothing else.
+JSON_TYPES = '''"""Types the generated models share."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, StrictInt
+
+
+def _integral(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# An integer as JSON Schema means it: 16 and 16.0, never "16", true or 16.5.
+JSONInt = Annotated[StrictInt, BeforeValidator(_integral)]
+'''
+
+
+def _use_json_int(body: str) -> str:
+    if "StrictInt" not in body:
+        return body
+    body = re.sub(r"^(\s*)StrictInt,\n", "", body, count=1, flags=re.M)  # from the pydantic import list
+    body = re.sub(r"\bStrictInt\b", "JSONInt", body)
+    return re.sub(r"^(from pydantic import)", "from swama.generated.json_types import JSONInt\n\n\\1", body,
+                  count=1, flags=re.M)
+
+
 def _models_module(spec: Path, name: str) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / f"{name}.py"
@@ -50,7 +81,7 @@ def _models_module(spec: Path, name: str) -> str:
         body = out.read_text(encoding="utf-8")
     # Drop the generator's own header (it names a temporary file) for a stable one.
     body = re.sub(r"\A(#[^\n]*\n)+\n*", "", body)
-    return HEADER.format(doc=spec.name) + "\n" + body
+    return HEADER.format(doc=spec.name) + "\n" + _use_json_int(body)
 
 
 def _class_name(schema_ref: str) -> str:
@@ -139,6 +170,7 @@ def render(specs_dir: Path) -> dict[str, str]:
     for module, doc_name in DOCUMENTS.items():
         files[f"{module}_models.py"] = _models_module(specs_dir / doc_name, module)
     files["routes.py"] = _routes_module(specs_dir)
+    files["json_types.py"] = HEADER.format(doc="*.yaml") + "\n" + JSON_TYPES
     return files
 
 

@@ -11,8 +11,8 @@ the action list of the OpenAPI Overlay Specification 1.0:
       - target: $.components.schemas.CreateResponse.properties.previous_response_id
         remove: true
 
-Targets are the plain-path subset of JSONPath (`$.a.b`, `$.a['b/c']`), each naming exactly one
-node. Overlays are applied at extraction, after prose is stripped and components are renamed, so the
+Targets are the plain-path subset of JSONPath (`$.a.b`, `$.a['b/c']`, `$.a.allOf[2]`), each naming
+exactly one object member. Overlays are applied at extraction, after prose is stripped and components are renamed, so the
 pinned documents (and the models generated from them) already say what the server accepts. What no
 schema can express stays in the handlers and is listed in the overlay's comments.
 """
@@ -26,23 +26,28 @@ from typing import Any
 
 import yaml
 
-_SEGMENT = re.compile(r"\.([A-Za-z0-9_$@-]+)|\['((?:[^'\\]|\\.)*)'\]")
+_SEGMENT = re.compile(r"\.([A-Za-z0-9_$@-]+)|\['((?:[^'\\]|\\.)*)'\]|\[(\d+)\]")
 
 
 class OverlayError(ValueError):
     pass
 
 
-def parse_target(target: str) -> list[str]:
+def parse_target(target: str) -> list[str | int]:
     if not target.startswith("$"):
         raise OverlayError(f"overlay target must start with '$': {target!r}")
-    parts: list[str] = []
+    parts: list[str | int] = []
     pos = 1
     while pos < len(target):
         match = _SEGMENT.match(target, pos)
         if not match:
             raise OverlayError(f"unsupported overlay target {target!r} at {target[pos:]!r}")
-        parts.append(match.group(1) if match.group(1) is not None else match.group(2).replace("\\'", "'"))
+        if match.group(3) is not None:
+            parts.append(int(match.group(3)))  # an array index, as in allOf[2]
+        elif match.group(1) is not None:
+            parts.append(match.group(1))
+        else:
+            parts.append(match.group(2).replace("\\'", "'"))
         pos = match.end()
     if not parts:
         raise OverlayError("an overlay target must name a node below the document root")
@@ -57,9 +62,14 @@ def _merge(into: dict[str, Any], update: dict[str, Any]) -> None:
             into[key] = copy.deepcopy(value)
 
 
-def _parent(doc: dict[str, Any], parts: list[str], create: bool) -> dict[str, Any] | None:
+def _parent(doc: dict[str, Any], parts: list[str | int], create: bool) -> dict[str, Any] | None:
     node: Any = doc
     for part in parts[:-1]:
+        if isinstance(part, int):
+            if not isinstance(node, list) or part >= len(node):
+                return None
+            node = node[part]
+            continue
         if not isinstance(node, dict):
             return None
         if part not in node:
@@ -67,7 +77,7 @@ def _parent(doc: dict[str, Any], parts: list[str], create: bool) -> dict[str, An
                 return None
             node[part] = {}
         node = node[part]
-    return node if isinstance(node, dict) else None
+    return node if isinstance(node, dict) and isinstance(parts[-1], str) else None
 
 
 def apply_overlay(doc: dict[str, Any], overlay: dict[str, Any]) -> list[str]:
