@@ -121,6 +121,10 @@ def test_generation_events_and_limits(tiny) -> None:
     again = run_all(tiny, ChatRequest(messages=[{"role": "user", "content": "hi"}],
                                       sampling=Sampling(temperature=0), max_tokens=5))
     assert [e for e in again if isinstance(e, TextDelta)] == [e for e in events if isinstance(e, TextDelta)]
+    # A top_k beyond the vocabulary keeps every token: the same greedy answer, not a crash.
+    wide = run_all(tiny, ChatRequest(messages=[{"role": "user", "content": "hi"}],
+                                     sampling=Sampling(temperature=0, top_k=10**7), max_tokens=5))
+    assert [e for e in wide if isinstance(e, TextDelta)] == [e for e in events if isinstance(e, TextDelta)]
     for bad in (Sampling(temperature=-1), Sampling(top_p=1.5), Sampling(min_p=2), Sampling(presence_penalty=3)):
         with pytest.raises(EngineError, match="Generation options are outside their supported ranges."):
             run_all(tiny, ChatRequest(messages=[{"role": "user", "content": "hi"}], sampling=bad))
