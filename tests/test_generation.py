@@ -125,6 +125,10 @@ def test_generation_events_and_limits(tiny) -> None:
     wide = run_all(tiny, ChatRequest(messages=[{"role": "user", "content": "hi"}],
                                      sampling=Sampling(temperature=0, top_k=10**7), max_tokens=5))
     assert [e for e in wide if isinstance(e, TextDelta)] == [e for e in events if isinstance(e, TextDelta)]
+    # Any integer is a seed, negative and huge ones too.
+    for seed in (-1, 2**70):
+        assert isinstance(run_all(tiny, ChatRequest(messages=[{"role": "user", "content": "hi"}],
+                                                    sampling=Sampling(seed=seed), max_tokens=2))[-1], Finished)
     for bad in (Sampling(temperature=-1), Sampling(top_p=1.5), Sampling(min_p=2), Sampling(presence_penalty=3)):
         with pytest.raises(EngineError, match="Generation options are outside their supported ranges."):
             run_all(tiny, ChatRequest(messages=[{"role": "user", "content": "hi"}], sampling=bad))
