@@ -1,0 +1,193 @@
+"""Image inputs, shared by every route that takes them: decoding, type by signature, completeness
+and size limits, each refusal in the wording the decision routes document.
+
+Nothing here decodes pixels: types and dimensions are read from the file headers, so a huge or
+broken image is refused before any decoder sees it. `field` names the image in messages
+(`images[0]`, `input[1].content[2]`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from swama.handlers.errors import ApiError
+
+MiB = 1024 * 1024
+MAX_IMAGES = 4
+MAX_IMAGE_BYTES = 4 * MiB
+MAX_TOTAL_BYTES = 8 * MiB
+MAX_PIXELS = 16_000_000
+MEDIA_TYPES = ("image/png", "image/jpeg", "image/webp")
+ALLOWED = "image/png, image/jpeg, or image/webp"
+
+
+@dataclass(frozen=True)
+class Image:
+    field: str
+    media_type: str
+    data: bytes
+    width: int
+    height: int
+    detail: str | None = None
+
+
+class ImageError(ApiError):
+    def __init__(self, message: str) -> None:
+        super().__init__(400, message, code="invalid_image")
+
+
+def sniff(data: bytes) -> str | None:
+    """The media type the bytes are, by their signature."""
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "image/png"
+    if data.startswith(b"\xff\xd8\xff"):
+        return "image/jpeg"
+    if len(data) >= 12 and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return None
+
+
+def decode_data_url(url: str, field: str, *, remote_allowed: bool = False) -> tuple[str, bytes]:
+    """The declared media type and the bytes of a `data:image/<type>;base64,...` URL."""
+    if not url[:5].lower() == "data:":
+        if url[:7].lower() == "http://" or url[:8].lower() == "https://":
+            if not remote_allowed:
+                raise ImageError(f"{field} must be a base64 data URL; remote URLs are not accepted.")
+        raise ImageError(f"{field} must be a base64 data URL.")
+    header, comma, payload = url[5:].partition(",")
+    pieces = header.split(";")
+    if not comma or len(pieces) != 2 or pieces[1].strip().lower() != "base64":
+        raise ImageError(f"{field} must be a base64 data URL.")
+    media_type = pieces[0].strip().lower()
+    if media_type not in MEDIA_TYPES:
+        raise ImageError(f"{field} data URL must be {ALLOWED}.")
+    return media_type, decode_base64(payload, field)
+
+
+def decode_base64(payload: str, field: str) -> bytes:
+    # A decoded image is at most 4 MiB, so a longer payload is refused before it is decoded.
+    if len(payload) > (MAX_IMAGE_BYTES // 3 + 2) * 4 + 64:
+        raise ImageError(f"{field} is larger than 4 MiB.")
+    try:
+        return base64.b64decode("".join(payload.split()), validate=True)
+    except (binascii.Error, ValueError):
+        raise ImageError(f"{field} is not valid base64.") from None
+
+
+def _png(data: bytes) -> tuple[int, int] | None:
+    """Dimensions of a complete PNG (every chunk fits and IEND is reached), else None."""
+    pos, size = 8, None
+    while pos + 8 <= len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        end = pos + 12 + length
+        if end > len(data):
+            return None
+        if kind == b"IHDR" and length >= 8:
+            size = struct.unpack(">II", data[pos + 8:pos + 16])
+        if kind == b"IEND":
+            return size
+        pos = end
+    return None
+
+
+_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+
+
+def _jpeg(data: bytes) -> tuple[int, int] | None:
+    """Dimensions of a complete JPEG, walked segment by segment to its EOI (so the EOI of an EXIF
+    thumbnail inside a segment does not count), else None."""
+    pos, size = 2, None
+    while pos + 4 <= len(data):
+        if data[pos] != 0xFF:
+            return None
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker == 0xD9:
+            return size
+        if marker in (0x01, *range(0xD0, 0xD8)):  # markers without a length
+            pos += 2
+            continue
+        (length,) = struct.unpack(">H", data[pos + 2:pos + 4])
+        if length < 2 or pos + 2 + length > len(data):
+            return None
+        if marker in _SOF and length >= 7:
+            height, width = struct.unpack(">HH", data[pos + 5:pos + 9])
+            size = (width, height)
+        pos += 2 + length
+        if marker == 0xDA:  # entropy-coded data follows the scan header: find the next marker
+            while pos + 1 < len(data) and not (data[pos] == 0xFF and data[pos + 1] not in (0x00, *range(0xD0, 0xD8))):
+                pos += 1
+    if pos + 2 <= len(data) and data[pos:pos + 2] == b"\xff\xd9":
+        return size
+    return None
+
+
+def _webp(data: bytes) -> tuple[int, int] | None:
+    """Dimensions of a complete WebP (its RIFF size fits), else None."""
+    (riff_size,) = struct.unpack("<I", data[4:8])
+    if riff_size + 8 > len(data) or len(data) < 30:
+        return None
+    chunk = data[12:16]
+    if chunk == b"VP8X":
+        width = 1 + int.from_bytes(data[24:27], "little")
+        height = 1 + int.from_bytes(data[27:30], "little")
+        return width, height
+    if chunk == b"VP8L" and data[20] == 0x2F:
+        bits = int.from_bytes(data[21:25], "little")
+        return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+    if chunk == b"VP8 " and data[23:26] == b"\x9d\x01\x2a":
+        width, height = struct.unpack("<HH", data[26:30])
+        return width & 0x3FFF, height & 0x3FFF
+    return None
+
+
+_DIMENSIONS = {"image/png": _png, "image/jpeg": _jpeg, "image/webp": _webp}
+
+
+def check_image(data: bytes, field: str, declared: str | None = None, detail: str | None = None) -> Image:
+    """Judge one image's bytes: a supported type (matching the declared one), complete, within the
+    size and pixel limits."""
+    if len(data) > MAX_IMAGE_BYTES:
+        raise ImageError(f"{field} is larger than 4 MiB.")
+    actual = sniff(data)
+    if actual is None:
+        raise ImageError(f"{field} must be PNG, JPEG, or WebP data.")
+    if declared is not None and declared != actual:
+        raise ImageError(f"{field} is declared {declared} but contains {actual}.")
+    size = _DIMENSIONS[actual](data)
+    if size is None:
+        raise ImageError(f"{field} is truncated or incomplete.")
+    width, height = size
+    if width <= 0 or height <= 0:
+        raise ImageError(f"{field} is not a decodable image.")
+    if width * height > MAX_PIXELS:
+        raise ImageError(f"{field} is larger than 16 megapixels.")
+    return Image(field, actual, data, width, height, detail)
+
+
+def check_images(images: Sequence[Image]) -> None:
+    """Limits over all the images of one request."""
+    if len(images) > MAX_IMAGES:
+        raise ImageError(f"A request accepts at most {MAX_IMAGES} images.")
+    if sum(len(image.data) for image in images) > MAX_TOTAL_BYTES:
+        raise ImageError("images exceed 8 MiB in total.")
+
+
+def open_image(image: Image):  # -> PIL.Image.Image
+    """Decode a checked image's pixels (for a vision processor)."""
+    import io
+
+    from PIL import Image as PILImage
+
+    try:
+        opened = PILImage.open(io.BytesIO(image.data))
+        opened.load()
+    except Exception:  # Pillow raises many types for bad data
+        raise ImageError(f"{image.field} is not a decodable image.") from None
+    return opened
