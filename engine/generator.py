@@ -137,7 +137,7 @@ def generate(model: LoadedModel, request: ChatRequest, cancel: threading.Event) 
     if s.seed is not None:
         mx.random.seed(s.seed % 2**64)  # any JSON integer names a seed; MLX takes 64 unsigned bits
     # A top_k as large as the vocabulary filters nothing (and is more than the sampler can partition).
-    top_k = s.top_k if s.top_k < model.tokenizer.vocab_size else 0
+    top_k = s.top_k if s.top_k < model.vocab_size else 0
     sampler = make_sampler(temp=s.temperature, top_p=s.top_p if s.top_p < 1 else 0.0, min_p=s.min_p,
                            top_k=top_k)
     processors = make_logits_processors(
