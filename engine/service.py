@@ -17,6 +17,7 @@ from swama.engine import aliases
 from swama.engine.decide import DecisionJob, DecisionResult, DecisionRun
 from swama.engine.errors import Cancelled, EngineError
 from swama.engine.generator import ChatRequest, Event, generate
+from swama.engine.model_kinds import LANGUAGE
 from swama.engine.pool import ModelPool
 from swama.engine.store import ModelNotInstalled, ModelStore
 
@@ -101,7 +102,15 @@ class Engine:
         model_id = self.resolve(name)
         if aliases.is_audio_model(name) or aliases.is_audio_model(model_id):
             raise EngineError(400, f"Model '{name}' is an audio model; it cannot serve text generation.")
+        self.require_language_model(model_id)
         return model_id
+
+    def require_language_model(self, model_id: str) -> None:
+        """Chat, responses and decisions run on language models (mlx-lm); other kinds are refused by name."""
+        model = self.store.find(model_id)
+        if model is not None and model.kind != LANGUAGE:
+            raise EngineError(400, f"Model '{model_id}' is a {model.kind} model; this route needs a language "
+                                   "model, and this server does not serve other kinds on it yet.")
 
     async def chat(self, model_id: str, request: ChatRequest) -> AsyncIterator[Event]:
         """Events of one generation on a model `resolve` found. Stop iterating (or `aclose()`) to cancel."""
@@ -123,6 +132,7 @@ class Engine:
         its own turn, so a short request is not stuck behind a long one. Yields one result.
         `model_id` is what `resolve` returned.
         """
+        self.require_language_model(model_id)
         run: DecisionRun | None = None
         try:
             while run is None or not run.done:

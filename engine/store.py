@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from swama.engine import aliases
+from swama.engine.model_kinds import kind_of
 
 META = ".swama-meta.json"
 STAGING = ".staging"
@@ -30,6 +31,7 @@ class InstalledModel:
     size_in_bytes: int
     created: int
     source: str = ""
+    kind: str = "language"  # engine/model_kinds.py: language, vision, embedding, speech-to-text, ...
 
 
 class StoreError(Exception):
@@ -45,8 +47,10 @@ class ModelNotInstalled(StoreError):
 def _read_meta(folder: Path) -> InstalledModel | None:
     try:
         meta = json.loads((folder / META).read_text(encoding="utf-8"))
+        # Models installed before kinds were recorded get theirs from their config.
+        kind = str(meta.get("kind") or kind_of(folder))
         return InstalledModel(id=str(meta["id"]), path=folder, size_in_bytes=int(meta.get("size_in_bytes", 0)),
-                              created=int(meta.get("created", 0)), source=str(meta.get("source", "")))
+                              created=int(meta.get("created", 0)), source=str(meta.get("source", "")), kind=kind)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -114,7 +118,8 @@ class ModelStore:
         try:
             build(staging)
             meta = {"id": repo_id, "object": "model", "created": int(time.time()), "owned_by": "swama",
-                    "size_in_bytes": folder_size(staging), "path": str(target), "source": source}
+                    "size_in_bytes": folder_size(staging), "path": str(target), "source": source,
+                    "kind": kind_of(staging)}
             (staging / META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
             target.parent.mkdir(parents=True, exist_ok=True)
             old = None

@@ -2764,6 +2764,7 @@ class Model(BaseModel):
     owned_by: StrictStr
     shutdown_date: date | None = None
     size_in_bytes: Annotated[JSONInt | None, Field(ge=0)] = None
+    kind: ModelKind | None = None
 
 
 class ModelIdsResponsesModelIdsResponses(StrEnum):
@@ -2880,6 +2881,14 @@ class ModelIdsShared(RootModel[StrictStr | ModelIdsSharedModelIdsShared]):
 
 class ModelIdsResponses(RootModel[ModelIdsShared | ModelIdsResponsesModelIdsResponses]):
     root: ModelIdsShared | ModelIdsResponsesModelIdsResponses
+
+
+class ModelKind(StrEnum):
+    language = "language"
+    vision = "vision"
+    embedding = "embedding"
+    speech_to_text = "speech-to-text"
+    text_to_speech = "text-to-speech"
 
 
 class ModelObject(StrEnum):

@@ -95,16 +95,17 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     models = _store(args).list()
     if args.format == "json":
-        print(json.dumps([{"id": m.id, "size_in_bytes": m.size_in_bytes, "path": str(m.path),
+        print(json.dumps([{"id": m.id, "kind": m.kind, "size_in_bytes": m.size_in_bytes, "path": str(m.path),
                            "created": m.created, "source": m.source} for m in models], indent=2))
         return 0
     if not models:
         print(f"No models installed in {Settings().models_root}. Try: swama pull smollm2")
         return 0
-    rows = [("NAME", "SIZE", "PATH")] + [(m.id, _human(m.size_in_bytes), str(m.path)) for m in models]
-    widths = [max(len(r[i]) for r in rows) for i in range(2)]
-    for name, size, path in rows:
-        print(f"{name:<{widths[0]}}  {size:>{widths[1]}}  {path}")
+    rows = [("NAME", "KIND", "SIZE", "PATH")] + [(m.id, m.kind, _human(m.size_in_bytes), str(m.path))
+                                                 for m in models]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    for name, kind, size, path in rows:
+        print(f"{name:<{widths[0]}}  {kind:<{widths[1]}}  {size:>{widths[2]}}  {path}")
     return 0
 
 

@@ -38,7 +38,7 @@ async def list_models(call: Call, request: None) -> dict[str, Any]:
         "object": "list",
         "data": [
             {"id": m.id, "object": "model", "created": m.created, "owned_by": "swama",
-             "size_in_bytes": m.size_in_bytes}
+             "size_in_bytes": m.size_in_bytes, "kind": m.kind}
             for m in installed
         ],
         "models": catalog,

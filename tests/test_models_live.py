@@ -20,6 +20,7 @@ def test_openai_sdk_lists_installed_models(model_server: LiveServer) -> None:
     models = {m.id: m for m in client.models.list().data}
     assert set(models) == {SMOL, TINY}
     assert all(m.object == "model" and m.owned_by == "swama" for m in models.values())
+    assert {m.model_extra["kind"] for m in models.values()} == {"language"}
 
 
 def test_typesafe_sdk_lists_the_catalog(model_server: LiveServer) -> None:

@@ -176,9 +176,10 @@ def test_cli_create_list_rm(tmp_path: Path) -> None:
     out = run_cli("create", str(tiny_folder(tmp_path)), "--name", "me/tiny", root=root)
     assert out.returncode == 0, out.stderr
     out = run_cli("list", root=root)
-    assert out.stdout.splitlines()[0].split() == ["NAME", "SIZE", "PATH"] and "me/tiny" in out.stdout
+    assert out.stdout.splitlines()[0].split() == ["NAME", "KIND", "SIZE", "PATH"] and "me/tiny" in out.stdout
+    assert out.stdout.splitlines()[1].split()[:2] == ["me/tiny", "language"]
     listed = json.loads(run_cli("list", "--format", "json", root=root).stdout)
-    assert [m["id"] for m in listed] == ["me/tiny"]
+    assert [(m["id"], m["kind"]) for m in listed] == [("me/tiny", "language")]
     out = run_cli("rm", "nothing/here", root=root)
     assert out.returncode == 1 and "not installed" in out.stderr
     assert run_cli("rm", "me/tiny", "-f", root=root).returncode == 0

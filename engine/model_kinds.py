@@ -1,0 +1,48 @@
+"""What kind of model a folder holds, read from its config the way the MLX libraries tell them apart.
+
+mlx-vlm models carry a `vision_config` (or an image token) beside the text model; speech models name
+an audio architecture; embedding models are encoder architectures or sentence-transformers folders.
+Everything else with a config is a language model for mlx-lm.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+LANGUAGE = "language"
+VISION = "vision"
+EMBEDDING = "embedding"
+SPEECH_TO_TEXT = "speech-to-text"
+TEXT_TO_SPEECH = "text-to-speech"
+KINDS = (LANGUAGE, VISION, EMBEDDING, SPEECH_TO_TEXT, TEXT_TO_SPEECH)
+
+_SPEECH_TO_TEXT = {"whisper", "parakeet", "qwen3_asr", "funasr", "nemotron_asr", "voxtral", "moonshine"}
+_TEXT_TO_SPEECH = {"kokoro", "kitten_tts", "csm", "dia", "outetts", "spark", "marvis", "qwen3_tts", "sesame",
+                   "chatterbox", "bark", "vibevoice"}
+_ENCODERS = {"bert", "roberta", "xlm-roberta", "modernbert", "nomic_bert", "distilbert", "mpnet"}
+_VISION_KEYS = ("vision_config", "image_token_id", "image_token_index", "vision_tower")
+
+
+def kind_from_config(config: dict[str, Any], files: set[str] = frozenset()) -> str:
+    model_type = str(config.get("model_type", "")).lower()
+    if model_type in _SPEECH_TO_TEXT:
+        return SPEECH_TO_TEXT
+    if model_type in _TEXT_TO_SPEECH:
+        return TEXT_TO_SPEECH
+    if any(key in config for key in _VISION_KEYS):
+        return VISION
+    if model_type in _ENCODERS or "modules.json" in files or "sentence_bert_config.json" in files:
+        return EMBEDDING
+    return LANGUAGE
+
+
+def kind_of(folder: Path) -> str:
+    """The kind of the model in `folder` (a language model when its config says nothing else)."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = {}
+    files = {p.name for p in folder.iterdir()} if folder.is_dir() else set()
+    return kind_from_config(config if isinstance(config, dict) else {}, files)
