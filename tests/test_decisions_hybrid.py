@@ -1,6 +1,6 @@
-"""Decisions on a hybrid model (Qwen3.5-style: recurrent linear-attention layers beside full
-attention), whose cache cannot be trimmed back to a shared prefix: the prefix state is snapshot once
-and restored for every question, with the same answers as scoring each question from scratch."""
+"""Decisions on models whose cache cannot be trimmed back to a shared prefix (Qwen3.5-style recurrent
+linear-attention layers, Gemma-3-style sliding windows): the prefix state is snapshot once and
+restored for every question, with the same answers as scoring each question from scratch."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import mlx.core as mx
 import pytest
 from conftest import install_folder
 
@@ -16,6 +17,7 @@ from live_server import LiveServer, start_server
 from swama.engine.decide import DecisionJob, DecisionRun
 from swama.engine.model import load_language_model
 from swama.engine.scorer import decision_choice_view, decision_score_view, predicate_view
+from swama.tools.build_tiny_model import build_tiny_model
 
 HYBRID = "test/tiny-qwen3_5"
 INPUT = "My invoice from March charged me twice for the same plan. " * 12
@@ -30,11 +32,16 @@ def _run(model, job: DecisionJob, reuse: bool):
     return run.result()
 
 
-def test_snapshot_of_the_prefix_matches_fresh_scoring(tiny_hybrid_dir: Path) -> None:
+@pytest.mark.parametrize("arch", ["qwen3_5", "gemma3_text"])
+def test_snapshot_of_the_prefix_matches_fresh_scoring(arch: str, smollm2_dir: Path, tmp_path: Path) -> None:
+    """Qwen3.5-style recurrent layers, and Gemma-3-style sliding windows once the prefix is longer
+    than the window."""
     from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
-    model = load_language_model(HYBRID, tiny_hybrid_dir)
-    assert not can_trim_prompt_cache(make_prompt_cache(model.model))  # the case this path exists for
+    model = load_language_model(arch, build_tiny_model(smollm2_dir, tmp_path / arch, arch=arch))
+    cache = make_prompt_cache(model.model)
+    model.model(mx.array([list(range(40))]), cache=cache)  # past the 32-token window
+    assert not can_trim_prompt_cache(cache)  # the case this path exists for
     questions = [predicate_view(f"Is point {i} about billing?") for i in range(6)] + [
         decision_choice_view("Which team?", [("billing", None), ("technical", None), ("sales", None)]),
         decision_score_view("How urgent?", [("low", None), ("medium", None), ("high", None)])]

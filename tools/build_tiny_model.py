@@ -4,7 +4,7 @@ The weights are random (seeded) so the output is gibberish, but the folder exerc
 serving path: config, safetensors, a real tokenizer and chat template copied from a donor
 model folder (for example a converted SmolLM2).
 
-Usage: python -m swama.tools.build_tiny_model DONOR_DIR DEST_DIR [--arch qwen3|llama|qwen3_5]
+Usage: python -m swama.tools.build_tiny_model DONOR_DIR DEST_DIR [--arch qwen3|llama|qwen3_5|gemma3_text]
 """
 
 from __future__ import annotations
@@ -73,6 +73,23 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": True,
         "max_position_embeddings": 4096,
         "rope_parameters": {"type": "default", "rope_theta": 100000, "partial_rotary_factor": 0.25},
+    },
+    # Gemma 3's text stack: sliding-window layers (a rotating cache of 32 tokens here) with a global
+    # layer every second one; past the window its cache cannot be trimmed either.
+    "gemma3_text": {
+        "model_type": "gemma3_text",
+        "architectures": ["Gemma3ForCausalLM"],
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 16,
+        "query_pre_attn_scalar": 16,
+        "sliding_window": 32,
+        "sliding_window_pattern": 2,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 4096,
     },
 }
 
