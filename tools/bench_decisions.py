@@ -81,16 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     job = DecisionJob(text, questions(20), 16384)
     timed(model, DecisionJob(text, questions(2), 16384), True)  # warm-up
 
-    shared_t, fresh_t = [], []
-    worst = 0.0
-    for _ in range(args.runs):
-        t_shared, shared = timed(model, job, True)
-        t_fresh, fresh = timed(model, job, False)
-        shared_t.append(t_shared)
-        fresh_t.append(t_fresh)
-        for a, b in zip(shared.answers, fresh.answers, strict=True):
-            worst = max(worst, *(abs(x - y) for x, y in zip(a.probabilities, b.probabilities, strict=True)))
-    s, f = statistics.median(shared_t), statistics.median(fresh_t)
+    s, f, worst, _ = _compare(model, job, args.runs)
     rows = [("20 questions, shared prefix", f"{s:.2f} s", f"{20 / s:.1f}"),
             ("20 questions, fresh cache each", f"{f:.2f} s", f"{20 / f:.1f}")]
     for n in (1, 10, 50):
