@@ -19,7 +19,7 @@ from swama.engine.errors import Cancelled, EngineError
 from swama.engine.generator import ChatRequest, Event, generate
 from swama.engine.model_kinds import LANGUAGE
 from swama.engine.pool import ModelPool
-from swama.engine.store import ModelNotInstalled, ModelStore
+from swama.engine.store import InstalledModel, ModelNotInstalled, ModelStore
 
 T = TypeVar("T")
 _DONE = object()
@@ -88,28 +88,28 @@ class Engine:
         self.pool = ModelPool(self.store, idle_seconds=options.idle_seconds,
                               max_concurrent=options.max_concurrent)
 
-    def resolve(self, name: str) -> str:
-        """The installed model id for `name`; 404 when it is not installed (the server never downloads)."""
+    def installed(self, name: str) -> InstalledModel:
+        """The installed model for `name`; 404 when it is not installed (the server never downloads)."""
         if not isinstance(name, str) or not name.strip():
             raise EngineError(400, "Model identifier is invalid.")
         model = self.store.find(name)
         if model is None:
             raise EngineError(404, "The model is not available locally.", "model_not_found")
-        return model.id
+        return model
 
     def resolve_language_model(self, name: str) -> str:
-        """`resolve`, refusing models that cannot generate text."""
-        model_id = self.resolve(name)
-        if aliases.is_audio_model(name) or aliases.is_audio_model(model_id):
+        """The installed model id for `name`, refusing models that cannot generate text."""
+        model = self.installed(name)
+        if aliases.is_audio_model(name) or aliases.is_audio_model(model.id):
             raise EngineError(400, f"Model '{name}' is an audio model; it cannot serve text generation.")
-        self.require_language_model(model_id)
-        return model_id
+        self.require_language_model(model)
+        return model.id
 
-    def require_language_model(self, model_id: str) -> None:
+    @staticmethod
+    def require_language_model(model: InstalledModel) -> None:
         """Chat, responses and decisions run on language models (mlx-lm); other kinds are refused by name."""
-        model = self.store.find(model_id)
-        if model is not None and model.kind != LANGUAGE:
-            raise EngineError(400, f"Model '{model_id}' is a {model.kind} model; this route needs a language "
+        if model.kind != LANGUAGE:
+            raise EngineError(400, f"Model '{model.id}' is a {model.kind} model; this route needs a language "
                                    "model, and this server does not serve other kinds on it yet.")
 
     async def chat(self, model_id: str, request: ChatRequest) -> AsyncIterator[Event]:
@@ -130,9 +130,8 @@ class Engine:
 
         Preparation plus the shared prefill take one turn on the model, then every question takes
         its own turn, so a short request is not stuck behind a long one. Yields one result.
-        `model_id` is what `resolve` returned.
+        `model_id` names a model `installed` found and `require_language_model` accepted.
         """
-        self.require_language_model(model_id)
         run: DecisionRun | None = None
         try:
             while run is None or not run.done:

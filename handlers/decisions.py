@@ -24,12 +24,13 @@ from swama.handlers.streaming import collect_or_cancel
 async def create_decision(call: Call, request: DecisionCreateRequest) -> Response:
     questions = questions_of(request)
     check_questions(questions)
-    model_id = call.engine.resolve(request.model)  # 404 before any other work
+    model = call.engine.installed(request.model)  # 404 before any other work
     text, images = input_of(request.input)
     if images:
         raise DecisionError(400, IMAGES_NEED_VISION)
+    call.engine.require_language_model(model)
     job = DecisionJob(text, [question_view(q) for q in questions], context_limit=call.settings.context_limit)
-    async for result in collect_or_cancel(call.request, call.engine.decide(model_id, job)):
+    async for result in collect_or_cancel(call.request, call.engine.decide(model.id, job)):
         body = render_decision_response(request.model, list(zip(questions, result.answers, strict=True)),
                                         result.input_tokens)
         return Response(body, media_type="application/json")

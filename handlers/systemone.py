@@ -33,14 +33,14 @@ def server_default_model(call: Call) -> InstalledModel | None:
     return None
 
 
-def answering_model(call: Call, name: str) -> str:
-    """An installed model id for `name`: itself, or for an SDK default name the server's default model."""
+def answering_model(call: Call, name: str) -> InstalledModel:
+    """The installed model for `name`: itself, or for an SDK default name the server's default model."""
     store = call.engine.store
     found = store.find(name)
     if found is not None:
-        return found.id
+        return found
     if name.strip().lower() in SDK_DEFAULT_MODELS and (default := server_default_model(call)) is not None:
-        return default.id
+        return default
     installed = ", ".join(m.id for m in store.list()) or "none"
     raise EngineError(404, f"The model '{name}' is not available locally (installed: {installed}).",
                       "model_not_found")
@@ -53,10 +53,11 @@ async def create_system_one(call: Call, request: SystemOneRequest) -> Response:
     model = answering_model(call, request.model)
     if request.images:
         raise DecisionError(400, IMAGES_NEED_VISION)
+    call.engine.require_language_model(model)
     job = DecisionJob(render_text(request.state), [question_view(q) for _, q in questions],
                       context_limit=call.settings.context_limit, systemone=True)
-    async for result in collect_or_cancel(call.request, call.engine.decide(model, job)):
+    async for result in collect_or_cancel(call.request, call.engine.decide(model.id, job)):
         answers = [(qid, q, answer) for (qid, q), answer in zip(questions, result.answers, strict=True)]
-        body = render_systemone_response(model, answers, result.input_tokens)
+        body = render_systemone_response(model.id, answers, result.input_tokens)
         return Response(body, media_type="application/json")
     raise ApiError(499, "The client closed the request.", code="cancelled")

@@ -99,9 +99,13 @@ def main(argv: list[str] | None = None) -> int:
         f"**Shared prefix is {f / s:.1f}x faster** than a fresh cache per question (target: 8x). "
         f"Largest probability difference between the two ways: {worst:.1e} (bound: 1e-4).", "",
     ]
-    print(f"## {TITLE}\n\n" + "\n".join(lines))
-    if args.write:
-        write_section(args.write, TITLE, "\n".join(lines))
+    return _publish(TITLE, lines, args.write)
+
+
+def _publish(title: str, lines: list[str], write: Path | None) -> int:
+    print(f"## {title}\n\n" + "\n".join(lines))
+    if write:
+        write_section(write, title, "\n".join(lines))
     return 0
 
 
@@ -143,10 +147,7 @@ def hybrid(args: argparse.Namespace) -> int:
         f"**Prefix snapshot is {f / s:.1f}x faster** than a fresh cache per question. Largest probability "
         f"difference between the two ways: {worst:.1e} (bound: 1e-4).", "",
     ]
-    print(f"## {HYBRID_TITLE}\n\n" + "\n".join(lines))
-    if args.write:
-        write_section(args.write, HYBRID_TITLE, "\n".join(lines))
-    return 0
+    return _publish(HYBRID_TITLE, lines, args.write)
 
 
 if __name__ == "__main__":
