@@ -5,6 +5,12 @@ request). Scoring then reads the next-token logits at the answer position. By de
 share one prefill of their common prefix (chat-template header plus the input): the prefix's KV
 state is computed once and each question's suffix is scored from it. `prefix_reuse=False` gives
 every question a fresh cache instead, bit for bit like scoring it alone.
+
+With images (vision models only) the checks run on the text-only render of each question, as the
+decision routes document, and the scored prompt is the multimodal one: the images go first in the
+user message, each expanded into its image tokens by the model's processor. When the questions
+share a prefix that holds every image, the vision tower runs once per request and the prefix
+(header, images, input) is prefilled once; otherwise every question is encoded on its own.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import numpy as np
 from swama.engine.model import LoadedModel
 from swama.engine.scorer import (
     CHAT_TEMPLATE_REQUIRED,
+    IMAGES_NEED_VISION,
     DecisionError,
     HFLabelTokenizer,
     QuestionView,
@@ -33,6 +40,7 @@ from swama.engine.scorer import (
     labels_for,
     reasoning_opener_ids,
 )
+from swama.engine.vision import LOW_DETAIL_SIDE, MULTIMODAL_CONTEXT_LIMIT, Prefill, fit_within
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,8 @@ class DecisionJob:
     questions: Sequence[QuestionView]
     context_limit: int
     systemone: bool = False  # context refusals carry the System One capacity phrase
+    images: Sequence[Any] = ()  # PIL images, placed before the text
+    low_detail: bool = False  # every image asked `detail: "low"`: fit them within 512 px
 
 
 @dataclass(frozen=True)
@@ -48,6 +58,7 @@ class PreparedQuestion:
     view: QuestionView
     ids: list[int]
     label_ids: list[int]
+    processed: Any = None  # vision.Processed: the multimodal prompt, when the job has images
 
 
 @dataclass(frozen=True)
@@ -57,8 +68,11 @@ class DecisionResult:
     shared_prefix_tokens: int  # 0 when every question had its own cache
 
 
-def _render(model: LoadedModel, content: str) -> str:
-    return model.tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
+def _render(model: LoadedModel, content: str, image_count: int = 0) -> str:
+    message: Any = content
+    if image_count:
+        message = [{"type": "image"}] * image_count + [{"type": "text", "text": content}]
+    return model.tokenizer.apply_chat_template([{"role": "user", "content": message}], add_generation_prompt=True,
                                                enable_thinking=False, tokenize=False)
 
 
@@ -80,20 +94,37 @@ def _opener_ids(model: LoadedModel) -> list[int]:
     return model.caches["opener_ids"]
 
 
+def context_limit(job: DecisionJob) -> int:
+    return min(job.context_limit, MULTIMODAL_CONTEXT_LIMIT) if job.images else job.context_limit
+
+
 def prepare(model: LoadedModel, job: DecisionJob) -> list[PreparedQuestion]:
     if not model.has_chat_template:
         raise DecisionError(400, CHAT_TEMPLATE_REQUIRED)
     tok = _label_tokenizer(model)
-    prepared = []
+    limit = context_limit(job)
+    rendered = []
     for view in job.questions:
         labels = labels_for(view, lambda: _pair_labels(model))
         content = build_content(job.text, view, labels)
         prompt = _render(model, content)
         ids = tok.encode(prompt)
-        check_context(len(ids), job.context_limit, systemone=job.systemone)
+        check_context(len(ids), limit, systemone=job.systemone)
         check_round_trip(tok, ids)
         check_reasoning_closed(prompt, content)
-        prepared.append(PreparedQuestion(view, ids, label_token_ids(tok, prompt, ids, labels)))
+        rendered.append((view, labels, content, prompt, ids))
+    if job.images and model.vision is None:
+        raise DecisionError(400, IMAGES_NEED_VISION)
+    images = [fit_within(i, LOW_DETAIL_SIDE) for i in job.images] if job.low_detail else list(job.images)
+    prepared = []
+    for view, labels, content, prompt, ids in rendered:
+        label_ids = label_token_ids(tok, prompt, ids, labels)
+        if not images:
+            prepared.append(PreparedQuestion(view, ids, label_ids))
+            continue
+        processed = model.vision.process(_render(model, content, len(images)), images)
+        check_context(len(processed.ids), limit, systemone=job.systemone)
+        prepared.append(PreparedQuestion(view, processed.ids, label_ids, processed))
     return prepared
 
 
@@ -108,10 +139,17 @@ def common_prefix(sequences: Sequence[Sequence[int]]) -> int:
     return max(n, 0)
 
 
-def _last_logits(model: LoadedModel, ids: Sequence[int], cache: Any) -> np.ndarray:
+def _last_logits(net: Any, ids: Sequence[int], cache: Any, prefill: Prefill | None = None) -> np.ndarray:
+    """Logits after `ids` on `net` (a model or a vision model's language view); with `prefill`,
+    its input embeddings (image features in place) feed the model instead of the ids alone."""
     import mlx.core as mx
 
-    logits = model.model(mx.array(ids)[None], cache=cache)[0, -1].astype(mx.float32)
+    if prefill is None:
+        out = net(mx.array(ids)[None], cache=cache)
+    else:
+        net.expect(prefill)
+        out = net(mx.array(ids)[None], cache=cache, input_embeddings=prefill.embeddings)
+    logits = out[0, -1].astype(mx.float32)
     mx.eval(logits)
     return np.array(logits, copy=False)
 
@@ -148,6 +186,14 @@ def restore_cache(snapshot: list[Any], cache: list[Any]) -> list[Any]:
     return cache
 
 
+def trims_exactly(cache: list[Any]) -> bool:
+    """Whether trimming `cache` back to its current length always restores it. A sliding-window
+    (rotating) layer can be trimmed only until a suffix wraps past its window, so it never counts."""
+    from mlx_lm.models.cache import can_trim_prompt_cache
+
+    return can_trim_prompt_cache(cache) and all(getattr(c, "max_size", None) is None for c in cache)
+
+
 class DecisionRun:
     """One request's scoring, in steps: `start()` prepares every question and prefills the shared
     prefix; `score_next()` scores one question. Between steps the model can serve other requests
@@ -156,9 +202,11 @@ class DecisionRun:
 
     def __init__(self, model: LoadedModel, job: DecisionJob, *, prefix_reuse: bool = True) -> None:
         self.model, self.job, self.prefix_reuse = model, job, prefix_reuse
+        self.net = model.network()
         self.prepared: list[PreparedQuestion] = []
         self.answers: list[ScoredAnswer] = []
         self.prefix = 0
+        self.vision_encodings = 0
         self._shared: Any = None  # a trimmable cache holding the shared prefix
         self._snapshot: list[Any] | None = None  # or the prefix state of a cache that cannot be trimmed
 
@@ -166,33 +214,48 @@ class DecisionRun:
     def done(self) -> bool:
         return len(self.answers) == len(self.prepared)
 
-    def start(self) -> None:
-        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+    def _cache(self) -> list[Any]:
+        from mlx_lm.models.cache import make_prompt_cache
 
+        return make_prompt_cache(self.net)
+
+    def _prefill(self, q: PreparedQuestion) -> Prefill | None:
+        if q.processed is None:
+            return None
+        self.vision_encodings += 1
+        return self.model.vision.embed(q.processed)
+
+    def start(self) -> None:
         self.prepared = prepare(self.model, self.job)
         _opener_ids(self.model)
         if self.prefix_reuse and len(self.prepared) > 1:
             self.prefix = common_prefix([q.ids for q in self.prepared])
+            first = self.prepared[0].processed
+            if first is not None and self.prefix <= first.last_image_index:
+                self.prefix = 0  # the questions part before the last image: nothing to share
         if self.prefix > 0:
-            self._shared = make_prompt_cache(self.model.model)
-            _last_logits(self.model, self.prepared[0].ids[: self.prefix], self._shared)
-            if not can_trim_prompt_cache(self._shared):
+            first = self.prepared[0]
+            prefill = self._prefill(first)
+            self._shared = self._cache()
+            _last_logits(self.net, first.ids[: self.prefix], self._shared,
+                         prefill.head(self.prefix) if prefill is not None else None)
+            if not trims_exactly(self._shared):
                 # Recurrent or sliding-window layers cannot be trimmed back to the prefix: keep a
                 # snapshot of the prefix state instead and give every question its own copy of it.
                 self._snapshot, self._shared = snapshot_cache(self._shared), None
 
     def score_next(self) -> ScoredAnswer:
-        from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+        from mlx_lm.models.cache import trim_prompt_cache
 
         q = self.prepared[len(self.answers)]
         if self._shared is not None:
-            logits = _last_logits(self.model, q.ids[self.prefix:], self._shared)
+            logits = _last_logits(self.net, q.ids[self.prefix:], self._shared)
             trim_prompt_cache(self._shared, len(q.ids) - self.prefix)  # back to the shared prefix
         elif self._snapshot is not None:
-            cache = restore_cache(self._snapshot, make_prompt_cache(self.model.model))
-            logits = _last_logits(self.model, q.ids[self.prefix:], cache)
+            cache = restore_cache(self._snapshot, self._cache())
+            logits = _last_logits(self.net, q.ids[self.prefix:], cache)
         else:
-            logits = _last_logits(self.model, q.ids, make_prompt_cache(self.model.model))
+            logits = _last_logits(self.net, q.ids, self._cache(), self._prefill(q))
         check_no_reasoning_opener(logits, _opener_ids(self.model))
         answer = answer_from_logits(q.view.kind, logits, q.label_ids)
         self.answers.append(answer)

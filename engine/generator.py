@@ -16,7 +16,9 @@ from typing import Any
 from swama.engine.chat_prompt import Prompt, build_prompt, template_renders_tools
 from swama.engine.errors import Cancelled, EngineError
 from swama.engine.model import LoadedModel
+from swama.engine.scorer import IMAGES_NEED_VISION
 from swama.engine.tool_calls import ToolCall, ToolCallSplitter, tool_format
+from swama.engine.vision import MULTIMODAL_CONTEXT_LIMIT, Prefill
 
 # The one place sampling defaults live: every route and the CLI leave unset options to these.
 DEFAULT_TEMPERATURE = 0.6
@@ -53,6 +55,12 @@ class ChatRequest:
     stop: list[str] = field(default_factory=list)
     tools: list[dict[str, Any]] | None = None
     context_limit: int = 16384
+    images: list[Any] = field(default_factory=list)  # PIL images for the messages' image parts, in order
+
+    @property
+    def effective_context_limit(self) -> int:
+        """A prompt with images is held to the multimodal limit as well."""
+        return min(self.context_limit, MULTIMODAL_CONTEXT_LIMIT) if self.images else self.context_limit
 
 
 @dataclass(frozen=True)
@@ -91,8 +99,20 @@ def prepare(model: LoadedModel, request: ChatRequest) -> Prompt:
     request.sampling.check()
     if request.max_tokens is not None and request.max_tokens <= 0:
         raise EngineError(400, OUT_OF_RANGE)
-    return build_prompt(model.tokenizer, request.messages, request.tools, request.context_limit,
+    if request.images and model.vision is None:
+        raise EngineError(400, IMAGES_NEED_VISION, "invalid_image")
+    return build_prompt(model.tokenizer, request.messages, request.tools, request.effective_context_limit,
                         native_tools(model))
+
+
+def _multimodal(model: LoadedModel, prompt: Prompt, request: ChatRequest) -> Prefill:
+    """The prompt's image placeholders expanded and encoded; held to the multimodal limit."""
+    processed = model.vision.process(prompt.text, request.images)
+    limit = request.effective_context_limit
+    if len(processed.ids) >= limit:
+        raise EngineError(400, f"Prompt with images exceeds the context limit ({len(processed.ids)} >= {limit}).",
+                          "context_limit_exceeded")
+    return model.vision.embed(processed)
 
 
 class _StopMatcher:
@@ -131,7 +151,10 @@ def generate(model: LoadedModel, request: ChatRequest, cancel: threading.Event) 
     from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
     prompt = prepare(model, request)
-    limit_left = request.context_limit - len(prompt.ids)
+    net = model.network()
+    prefill = _multimodal(model, prompt, request) if request.images else None
+    ids = prefill.ids if prefill is not None else prompt.ids
+    limit_left = request.effective_context_limit - len(ids)
     max_tokens = min(request.max_tokens or limit_left, limit_left)
     s = request.sampling
     if s.seed is not None:
@@ -163,8 +186,13 @@ def generate(model: LoadedModel, request: ChatRequest, cancel: threading.Event) 
         if text:
             yield TextDelta(text)
 
-    steps = generate_step(mx.array(prompt.ids), model.model, max_tokens=max_tokens, sampler=sampler,
-                          logits_processors=processors, max_kv_size=request.context_limit)
+    extra: dict[str, Any] = {}
+    if prefill is not None:
+        # One prefill call: the multimodal inputs (positions, masks) cover the whole prompt.
+        net.expect(prefill)
+        extra = {"input_embeddings": prefill.embeddings[0], "prefill_step_size": len(ids)}
+    steps = generate_step(mx.array(ids), net, max_tokens=max_tokens, sampler=sampler,
+                          logits_processors=processors, max_kv_size=request.context_limit, **extra)
     try:
         for token, _ in steps:
             if cancel.is_set():
@@ -201,5 +229,5 @@ def generate(model: LoadedModel, request: ChatRequest, cancel: threading.Event) 
             yield ToolCallEvent(call)
     end = time.perf_counter()
     first_token_at = first_token_at or end
-    yield Finished("tool_calls" if saw_call else finish, len(prompt.ids), n,
+    yield Finished("tool_calls" if saw_call else finish, len(ids), n,
                    first_token_at - start, end - first_token_at)

@@ -1,4 +1,10 @@
-"""A loaded language model: weights, tokenizer and what the engine needs to know about them."""
+"""A loaded model: weights, tokenizer and what the engine needs to know about them.
+
+Language models load through mlx-lm, vision-language models through mlx-vlm; both present the same
+face to the generator and the scorer: `network()` is a callable in mlx-lm's shape (token ids and a
+cache in, logits out) and `tokenizer` is mlx-lm's tokenizer wrapper. A vision model adds `vision`,
+its processor and image encoder.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from swama.engine.model_kinds import LANGUAGE, VISION, kind_of
 from swama.engine.runtime import compute_dtype
 
 
@@ -19,6 +26,13 @@ class LoadedModel:
     config: dict[str, Any]
     eos_ids: set[int]
     caches: dict[str, Any] = field(default_factory=dict)  # per-model scratch: prompt cache, label sets
+    kind: str = LANGUAGE
+    vision: Any = None  # VisionSupport, for vision-language models
+
+    def network(self) -> Any:
+        """The model to run one request on. A vision model's language model keeps positional
+        state between calls, so every request gets its own view of it."""
+        return self.vision.view() if self.vision is not None else self.model
 
     @property
     def has_chat_template(self) -> bool:
@@ -46,15 +60,44 @@ def _eos_ids(path: Path, tokenizer: Any) -> set[int]:
     return ids
 
 
-def load_language_model(model_id: str, path: Path) -> LoadedModel:
-    """Load with mlx-lm; on the CPU the weights are cast to float32, its fastest dtype there."""
+def _cast(model: Any) -> None:
+    """On the CPU the weights are cast to float32, its fastest dtype there."""
     import mlx.core as mx
-    from mlx_lm import load
 
-    model, tokenizer = load(str(path))
     dtype = compute_dtype()
     if dtype is not None:
         model.set_dtype(dtype)
     mx.eval(model.parameters())
+
+
+def load_language_model(model_id: str, path: Path) -> LoadedModel:
+    from mlx_lm import load
+
+    model, tokenizer = load(str(path))
+    _cast(model)
     config = json.loads((path / "config.json").read_text())
     return LoadedModel(model_id, path, model, tokenizer, config, _eos_ids(path, tokenizer))
+
+
+def load_vision_language_model(model_id: str, path: Path) -> LoadedModel:
+    """mlx-vlm's model and processor; the tokenizer is mlx-lm's wrapper over the same files, so
+    text is encoded, rendered and detokenized exactly as for a language model."""
+    from mlx_lm.utils import load_tokenizer
+
+    from swama.engine.vision import VisionSupport, load_vision_model
+
+    model, processor = load_vision_model(path)
+    _cast(model)
+    tokenizer = load_tokenizer(path)
+    config = json.loads((path / "config.json").read_text())
+    text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    merged = {**text_config, **{k: v for k, v in config.items() if k != "text_config"}}
+    return LoadedModel(model_id, path, model, tokenizer, merged, _eos_ids(path, tokenizer), kind=VISION,
+                       vision=VisionSupport(model, processor))
+
+
+def load_model(model_id: str, path: Path) -> LoadedModel:
+    """Load the model in `path` with the library its kind needs."""
+    if kind_of(path) == VISION:
+        return load_vision_language_model(model_id, path)
+    return load_language_model(model_id, path)

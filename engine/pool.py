@@ -17,7 +17,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from swama.engine.model import LoadedModel, load_language_model
+from swama.engine.model import LoadedModel, load_model
 from swama.engine.store import ModelStore
 
 log = logging.getLogger("swama.pool")
@@ -34,7 +34,7 @@ class _Entry:
 
 class ModelPool:
     def __init__(self, store: ModelStore, *, idle_seconds: float = 300, max_concurrent: int = 3,
-                 loader: Callable[[str, object], LoadedModel] = load_language_model) -> None:
+                 loader: Callable[[str, object], LoadedModel] = load_model) -> None:
         self.store = store
         self.idle_seconds = idle_seconds
         self.loader = loader

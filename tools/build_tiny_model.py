@@ -1,10 +1,15 @@
-"""Build a tiny random-weight chat model of a real mlx-lm architecture.
+"""Build a tiny random-weight chat model of a real mlx-lm or mlx-vlm architecture.
 
 The weights are random (seeded) so the output is gibberish, but the folder exercises the whole
 serving path: config, safetensors, a real tokenizer and chat template copied from a donor
 model folder (for example a converted SmolLM2).
 
-Usage: python -m swama.tools.build_tiny_model DONOR_DIR DEST_DIR [--arch qwen3|llama|qwen3_5|gemma3_text]
+Vision architectures (`qwen3_5_vl`, `gemma3_vl`) are mlx-vlm models: a tiny vision tower beside the
+text stack, the processor configs their real checkpoints ship, the donor's tokenizer with the
+architecture's image tokens added, and a chat template that renders image parts the way the
+family's own template does.
+
+Usage: python -m swama.tools.build_tiny_model DONOR_DIR DEST_DIR [--arch NAME]
 """
 
 from __future__ import annotations
@@ -93,6 +98,85 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
     },
 }
 
+# Vision-language architectures (mlx-vlm). Each names its image tokens, its processor files and a
+# chat template; vocab size and the image token ids are filled in from the extended tokenizer.
+VISION_ARCHS: dict[str, dict[str, Any]] = {
+    # Qwen3.5: the hybrid text stack above with multimodal rotary positions, and a Qwen3-VL vision
+    # tower (16 px patches, 2x2 merge: one image token per 32x32 pixels).
+    "qwen3_5_vl": {
+        "special_tokens": ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"],
+        "config": lambda t: {
+            "model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
+            "text_config": {**{k: v for k, v in TINY_CONFIGS["qwen3_5"].items() if k != "architectures"},
+                            "model_type": "qwen3_5_text", "vocab_size": t["vocab_size"],
+                            "rope_parameters": {"type": "default", "mrope_section": [2, 1, 1],
+                                                "mrope_interleaved": True, "rope_theta": 100000,
+                                                "partial_rotary_factor": 0.5}},
+            "vision_config": {"model_type": "qwen3_5", "depth": 2, "hidden_size": 32, "intermediate_size": 64,
+                              "out_hidden_size": 64, "num_heads": 2, "patch_size": 16, "spatial_merge_size": 2,
+                              "temporal_patch_size": 2, "in_channels": 3, "num_position_embeddings": 64,
+                              "deepstack_visual_indexes": []},
+            "image_token_id": t["<|image_pad|>"], "video_token_id": t["<|video_pad|>"],
+            "vision_start_token_id": t["<|vision_start|>"], "vision_end_token_id": t["<|vision_end|>"],
+            "vocab_size": t["vocab_size"], "tie_word_embeddings": True},
+        "files": {
+            # Images are resized to between 64x64 and 1024x1024 pixels' worth of area (the real
+            # checkpoints allow up to 1344x1344), in multiples of 32 pixels.
+            "preprocessor_config.json": {
+                "image_processor_type": "Qwen2VLImageProcessorFast", "processor_class": "Qwen3VLProcessor",
+                "patch_size": 16, "temporal_patch_size": 2, "merge_size": 2,
+                "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+                "size": {"shortest_edge": 64 * 64, "longest_edge": 1024 * 1024}},
+            "video_preprocessor_config.json": {
+                "patch_size": 16, "temporal_patch_size": 2, "merge_size": 2,
+                "size": {"shortest_edge": 64 * 64, "longest_edge": 1024 * 1024}},
+            "processor_config.json": {"processor_class": "Qwen3VLProcessor"},
+        },
+        "tokenizer_config": {},
+        "chat_template": (
+            "{%- for m in messages -%}<|im_start|>{{ m.role }}\n"
+            "{%- if m.content is string %}{{ m.content }}{% else %}{% for p in m.content %}"
+            "{% if p.type == 'image' or p.type == 'image_url' %}<|vision_start|><|image_pad|><|vision_end|>"
+            "{% elif p.type == 'text' %}{{ p.text }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n"
+            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+            "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
+            "{% endif %}"),
+    },
+    # Gemma 3: the sliding-window text stack above and a SigLIP vision tower (32 px images in 8 px
+    # patches, pooled to 4 image tokens per image).
+    "gemma3_vl": {
+        "special_tokens": ["<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>",
+                           "<image_soft_token>"],
+        "config": lambda t: {
+            "model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
+            "text_config": {**{k: v for k, v in TINY_CONFIGS["gemma3_text"].items() if k != "architectures"},
+                            "vocab_size": t["vocab_size"], "mm_tokens_per_image": 4},
+            "vision_config": {"model_type": "siglip_vision_model", "num_hidden_layers": 2, "hidden_size": 32,
+                              "intermediate_size": 64, "num_attention_heads": 2, "patch_size": 8,
+                              "image_size": 32, "num_channels": 3, "layer_norm_eps": 1e-6},
+            "image_token_index": t["<image_soft_token>"], "boi_token_index": t["<start_of_image>"],
+            "eoi_token_index": t["<end_of_image>"], "mm_tokens_per_image": 4, "hidden_size": 64,
+            "vocab_size": t["vocab_size"], "pad_token_id": 0, "eos_token_id": [t["<end_of_turn>"]]},
+        "files": {
+            "preprocessor_config.json": {
+                "image_processor_type": "Gemma3ImageProcessor", "processor_class": "Gemma3Processor",
+                "size": {"height": 32, "width": 32}, "do_pan_and_scan": False, "resample": 2,
+                "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "rescale_factor": 1 / 255,
+                "do_normalize": True, "do_rescale": True, "do_resize": True, "do_convert_rgb": None},
+            "processor_config.json": {"image_seq_length": 4, "processor_class": "Gemma3Processor"},
+        },
+        "tokenizer_config": {"eos_token": "<end_of_turn>",
+                             "extra_special_tokens": {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
+                                                      "image_token": "<image_soft_token>"}},
+        "chat_template": (
+            "{%- for m in messages -%}<start_of_turn>{{ 'model' if m.role == 'assistant' else m.role }}\n"
+            "{%- if m.content is string %}{{ m.content }}{% else %}{% for p in m.content %}"
+            "{% if p.type == 'image' or p.type == 'image_url' %}<start_of_image>"
+            "{% elif p.type == 'text' %}{{ p.text }}{% endif %}{% endfor %}{% endif %}<end_of_turn>\n"
+            "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"),
+    },
+}
+
 REQUIRED_DONOR_FILES = ("tokenizer.json", "tokenizer_config.json")
 OPTIONAL_DONOR_FILES = ("chat_template.jinja", "generation_config.json")
 
@@ -111,14 +195,19 @@ def _donor_token_ids(donor_dir: Path) -> dict[str, Any]:
     return ids
 
 
+ARCHS = (*TINY_CONFIGS, *VISION_ARCHS)
+
+
 def build_tiny_model(donor_dir: Path, dest: Path, arch: str = "qwen3") -> Path:
     """Write a tiny random model of ``arch`` with the donor's tokenizer into ``dest``."""
     donor_dir, dest = Path(donor_dir), Path(dest)
-    if arch not in TINY_CONFIGS:
-        raise ValueError(f"unknown tiny architecture {arch!r}; choose from {', '.join(TINY_CONFIGS)}")
+    if arch not in ARCHS:
+        raise ValueError(f"unknown tiny architecture {arch!r}; choose from {', '.join(ARCHS)}")
     missing = [name for name in REQUIRED_DONOR_FILES if not (donor_dir / name).is_file()]
     if missing:
         raise FileNotFoundError(f"donor folder {donor_dir} lacks {', '.join(missing)}")
+    if arch in VISION_ARCHS:
+        return _build_vision_model(donor_dir, dest, VISION_ARCHS[arch])
 
     config = {**TINY_CONFIGS[arch], **_donor_token_ids(donor_dir)}
     model_cls, args_cls = _get_classes(config)
@@ -135,11 +224,42 @@ def build_tiny_model(donor_dir: Path, dest: Path, arch: str = "qwen3") -> Path:
     return dest
 
 
+def _build_vision_model(donor_dir: Path, dest: Path, spec: dict[str, Any]) -> Path:
+    from mlx_vlm.utils import get_model_and_args, update_module_configs
+    from tokenizers import AddedToken
+
+    tokenizer = Tokenizer.from_file(str(donor_dir / "tokenizer.json"))
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in spec["special_tokens"]])
+    token_ids = {t: tokenizer.token_to_id(t) for t in spec["special_tokens"]}
+    token_ids["vocab_size"] = tokenizer.get_vocab_size(with_added_tokens=True)
+    config = spec["config"](token_ids)
+
+    model_module, _ = get_model_and_args(config)
+    model_config = update_module_configs(model_module.ModelConfig.from_dict(config), model_module, config,
+                                         ["text", "vision"])
+    mx.random.seed(0)
+    model = model_module.Model(model_config)
+
+    dest.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(dest / "model.safetensors"), dict(tree_flatten(model.parameters())),
+                        metadata={"format": "mlx"})
+    (dest / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    tokenizer.save(str(dest / "tokenizer.json"))
+    tok_config = json.loads((donor_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+    tok_config.pop("chat_template", None)
+    tok_config.update(spec["tokenizer_config"])
+    (dest / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n", encoding="utf-8")
+    for name, content in spec["files"].items():
+        (dest / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+    (dest / "chat_template.jinja").write_text(spec["chat_template"], encoding="utf-8")
+    return dest
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("donor", type=Path, help="model folder whose tokenizer and chat template are copied")
     parser.add_argument("dest", type=Path, help="folder to write the tiny model into")
-    parser.add_argument("--arch", default="qwen3", choices=sorted(TINY_CONFIGS))
+    parser.add_argument("--arch", default="qwen3", choices=sorted(ARCHS))
     args = parser.parse_args(argv)
     print(build_tiny_model(args.donor, args.dest, args.arch))
 
