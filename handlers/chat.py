@@ -16,9 +16,19 @@ from pydantic_core import ErrorDetails
 from swama.engine.errors import EngineError
 from swama.engine.generator import OUT_OF_RANGE, ChatRequest, Finished, TextDelta, ToolCallEvent
 from swama.generated.openai_models import ChatCompletionTool, CreateChatCompletionRequest
-from swama.handlers.chat_request import Turn, chat_request, function_tool, json_object, sampling, tool_call
+from swama.handlers.chat_request import (
+    Turn,
+    attach_images,
+    chat_request,
+    function_tool,
+    image_refs,
+    json_object,
+    sampling,
+    tool_call,
+)
 from swama.handlers.dispatch import DEFAULT_RULES, Call, RouteRules, route
 from swama.handlers.errors import ApiError, bad_request
+from swama.handlers.images import ImageRef, valid_image_url
 from swama.handlers.streaming import collect_or_cancel, start_stream
 from swama.handlers.validation import openai_schema_error, user_path
 
@@ -85,26 +95,28 @@ HANDLED = frozenset({
 RULES = RouteRules(schema_error=schema_error, handled=HANDLED)
 
 
-def _parts(content: Any, where: str) -> list[str]:
+def _parts(content: Any, where: str) -> list[str | ImageRef]:
     content = _value(content)
     if content is None:
         return []
     if isinstance(content, str):
         return [content]
-    texts = []
+    parts: list[str | ImageRef] = []
     for j, part in enumerate(_value(p) for p in content):
         kind = str(part.type)
         if kind == "text":
-            texts.append(part.text)
+            parts.append(part.text)
         elif kind == "refusal":  # an assistant turn's refusal is what it said
-            texts.append(part.refusal)
+            parts.append(part.refusal)
         elif kind == "image_url":
-            raise bad_request("Images are not supported by this model; it has no vision processor.",
-                              code="invalid_image", param=f"{where}.content.{j}")
+            url = str(part.image_url.url)
+            if not valid_image_url(url):
+                raise bad_request("Invalid image URL", code="invalid_image", param=f"{where}.content.{j}")
+            parts.append(ImageRef(f"{where}.content.{j}", url))
         else:
             raise bad_request(f"Content part type '{kind}' is not supported by this server.",
                               code="unsupported_content", param=f"{where}.content.{j}")
-    return texts
+    return parts
 
 
 def _tool_calls(message: Any, where: str) -> list[dict[str, Any]]:
@@ -148,7 +160,7 @@ def tools_from(tools: list[ChatCompletionTool] | None) -> list[dict[str, Any]]:
     return out
 
 
-def request_from(request: CreateChatCompletionRequest, context_limit: int) -> ChatRequest:
+def request_from(request: CreateChatCompletionRequest, context_limit: int) -> tuple[ChatRequest, list[ImageRef]]:
     stop = _value(request.stop)
     stop = [stop] if isinstance(stop, str) else list(_value(stop) or [])
     max_tokens = _value(request.max_completion_tokens)
@@ -161,9 +173,11 @@ def request_from(request: CreateChatCompletionRequest, context_limit: int) -> Ch
         presence_penalty=_value(request.presence_penalty), frequency_penalty=_value(request.frequency_penalty),
         seed=request.seed)
     choice = _value(request.tool_choice)
-    return chat_request(turns_from(request.messages), sampling=options, max_tokens=max_tokens, stop=stop,
+    turns = turns_from(request.messages)
+    chat = chat_request(turns, sampling=options, max_tokens=max_tokens, stop=stop,
                         tools=tools_from(request.tools), tool_choice=choice if isinstance(choice, str) else None,
                         context_limit=request.context_limit or context_limit)
+    return chat, image_refs(turns)
 
 
 def _wire_call(index: int, call: Any) -> dict[str, Any]:
@@ -179,9 +193,10 @@ def _usage(done: Finished) -> dict[str, Any]:
 @route(RULES)
 async def create_chat_completion(call: Call, parsed: CreateChatCompletionRequest) -> Response | dict[str, Any]:
     engine = call.engine
-    request = request_from(parsed, call.settings.context_limit)
+    request, images = request_from(parsed, call.settings.context_limit)
     model = str(_value(parsed.model))
     model_id = engine.resolve_language_model(model)
+    await attach_images(request, images, engine.installed(model_id))
     ident, created = f"chatcmpl-{uuid.uuid4()}", int(time.time())
     events = engine.chat(model_id, request)
     if parsed.stream:

@@ -10,21 +10,32 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from swama.engine.generator import ChatRequest, Sampling
+from swama.engine.model_kinds import VISION
+from swama.engine.scorer import IMAGES_NEED_VISION
+from swama.engine.store import InstalledModel
+from swama.handlers.errors import ApiError
+from swama.handlers.images import ImageRef, load_images, open_images
 
 EMPTY_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
 
 
 @dataclass
 class Turn:
-    """One chat message; text parts stay separate until the message is built."""
+    """One chat message; text parts stay separate until the message is built. An image part
+    (an `ImageRef`) makes the content a list of parts, in order, for the chat template."""
 
     role: str
-    parts: list[str] = field(default_factory=list)
+    parts: list[str | ImageRef] = field(default_factory=list)
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     tool_call_id: str | None = None
 
+    def content(self) -> str | list[dict[str, Any]]:
+        if not any(isinstance(p, ImageRef) for p in self.parts):
+            return "\n".join(self.parts)  # type: ignore[arg-type]
+        return [{"type": "image"} if isinstance(p, ImageRef) else {"type": "text", "text": p} for p in self.parts]
+
     def message(self) -> dict[str, Any]:
-        msg: dict[str, Any] = {"role": self.role, "content": "\n".join(self.parts)}
+        msg: dict[str, Any] = {"role": self.role, "content": self.content()}
         if self.tool_calls:
             msg["tool_calls"] = self.tool_calls
         if self.tool_call_id is not None:
@@ -76,10 +87,26 @@ def sampling(**values: Any) -> Sampling:
     return Sampling(**{name: value for name, value in values.items() if value is not None})
 
 
+def image_refs(turns: list[Turn]) -> list[ImageRef]:
+    """The image parts of every turn, in order."""
+    return [p for t in turns for p in t.parts if isinstance(p, ImageRef)]
+
+
 def chat_request(turns: list[Turn], *, sampling: Sampling, context_limit: int,
                  tools: list[dict[str, Any]] | None = None, tool_choice: str | None = None,
                  max_tokens: int | None = None, stop: list[str] | None = None) -> ChatRequest:
-    """`tool_choice` "none" is enforced by never offering the tools to the model."""
+    """`tool_choice` "none" is enforced by never offering the tools to the model. Image parts stay
+    placeholders: the route loads them (`attach_images`) once it knows the model takes images."""
     offered = None if tool_choice == "none" else (tools or None)
     return ChatRequest(messages=[t.message() for t in merge_adjacent_system(turns)], sampling=sampling,
                        max_tokens=max_tokens, stop=list(stop or []), tools=offered, context_limit=context_limit)
+
+
+async def attach_images(request: ChatRequest, refs: list[ImageRef], model: InstalledModel) -> None:
+    """Load a request's images for `model`: refused on a text-only model, fetched or decoded and
+    checked otherwise, then opened for the vision processor."""
+    if not refs:
+        return
+    if model.kind != VISION:
+        raise ApiError(400, IMAGES_NEED_VISION, code="invalid_image")
+    request.images = open_images(await load_images(refs, remote_allowed=True))

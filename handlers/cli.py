@@ -164,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
                                      "Installs the model first when it is missing.")
     run.add_argument("model", help="model alias or id (see `swama list`)")
     run.add_argument("prompt", help="the user message")
+    run.add_argument("-i", "--image-paths", action="append", metavar="IMAGE", default=None,
+                     help="a PNG, JPEG or WebP image to show a vision model, placed before the prompt "
+                          "(repeat for up to 4 images)")
     run.add_argument("-t", "--temperature", type=float, default=DEFAULT_TEMPERATURE,
                      help=f"sampling temperature (default {DEFAULT_TEMPERATURE})")
     run.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default 1)")

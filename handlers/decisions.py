@@ -5,7 +5,6 @@ from __future__ import annotations
 from fastapi import Response
 
 from swama.engine.decide import DecisionJob
-from swama.engine.scorer import IMAGES_NEED_VISION, DecisionError
 from swama.generated.decisions_models import DecisionCreateRequest
 from swama.handlers.decisions_wire import (
     DECISION_RULES,
@@ -17,6 +16,7 @@ from swama.handlers.decisions_wire import (
 )
 from swama.handlers.dispatch import Call, route
 from swama.handlers.errors import ApiError
+from swama.handlers.images import all_low_detail, load_data_images, open_images
 from swama.handlers.streaming import collect_or_cancel
 
 
@@ -25,11 +25,11 @@ async def create_decision(call: Call, request: DecisionCreateRequest) -> Respons
     questions = questions_of(request)
     check_questions(questions)
     model = call.engine.installed(request.model)  # 404 before any other work
-    text, images = input_of(request.input)
-    if images:
-        raise DecisionError(400, IMAGES_NEED_VISION)
+    text, refs = input_of(request.input)
+    images = load_data_images(refs)
     call.engine.require_language_model(model)
-    job = DecisionJob(text, [question_view(q) for q in questions], context_limit=call.settings.context_limit)
+    job = DecisionJob(text, [question_view(q) for q in questions], context_limit=call.settings.context_limit,
+                      images=open_images(images), low_detail=all_low_detail(images))
     async for result in collect_or_cancel(call.request, call.engine.decide(model.id, job)):
         body = render_decision_response(request.model, list(zip(questions, result.answers, strict=True)),
                                         result.input_tokens)

@@ -47,6 +47,7 @@ from swama.handlers.decision_rules import (
 )
 from swama.handlers.dispatch import RouteRules
 from swama.handlers.errors import ApiError
+from swama.handlers.images import ImageRef
 
 MAX_SAFETY_IDENTIFIER = 128
 
@@ -131,21 +132,22 @@ def check_questions(questions: Sequence[Question]) -> None:
             check_choice_option_names(question_view(question).option_names)
 
 
-def input_of(value: str | list[DecisionInputMessage]) -> tuple[str, list[DecisionInputImage]]:
+def input_of(value: str | list[DecisionInputMessage]) -> tuple[str, list[ImageRef]]:
     """Every input text joined with newlines, and the image parts in order."""
     if isinstance(value, str):
         return value, []
     texts: list[str] = []
-    images: list[DecisionInputImage] = []
-    for message in value:
+    images: list[ImageRef] = []
+    for i, message in enumerate(value):
         if isinstance(message.content, str):
             texts.append(message.content)
             continue
-        for part in message.content:
+        for j, part in enumerate(message.content):
             if isinstance(part.root, DecisionInputText):
                 texts.append(part.root.text)
             else:
-                images.append(part.root)
+                detail = part.root.detail.value if part.root.detail is not None else None
+                images.append(ImageRef(f"input[{i}].content[{j}]", part.root.image_url, detail))
     return "\n".join(texts), images
 
 

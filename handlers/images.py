@@ -1,18 +1,24 @@
-"""Image inputs, shared by every route that takes them: decoding, type by signature, completeness
-and size limits, each refusal in the wording the decision routes document.
+"""Image inputs, shared by every route that takes them: URL rules, decoding, fetching, type by
+signature, completeness and size limits, each refusal in the wording the decision routes document.
 
-Nothing here decodes pixels: types and dimensions are read from the file headers, so a huge or
-broken image is refused before any decoder sees it. `field` names the image in messages
-(`images[0]`, `input[1].content[2]`).
+Nothing decodes pixels before every check passed: types and dimensions are read from the file
+headers, so a huge or broken image is refused before any decoder sees it. `field` names the image
+in messages (`images[0]`, `input[1].content[2]`, `messages.0.content.1`).
+
+Chat completions and responses also take `http`/`https` URLs: the image is fetched with a timeout
+and a size cap, following redirects only to other `http`/`https` URLs.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import string
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+from urllib.parse import SplitResult, urljoin, urlsplit
 
 from swama.handlers.errors import ApiError
 
@@ -23,6 +29,11 @@ MAX_TOTAL_BYTES = 8 * MiB
 MAX_PIXELS = 16_000_000
 MEDIA_TYPES = ("image/png", "image/jpeg", "image/webp")
 ALLOWED = "image/png, image/jpeg, or image/webp"
+FETCH_TIMEOUT_SECONDS = 10.0
+MAX_REDIRECTS = 3
+# Characters a URL may carry unescaped; anything else (spaces, non-ASCII, quotes...) is refused.
+_URL_CHARS = frozenset(string.ascii_letters + string.digits + "-._~:/?#[]@!$&'()*+,;=%")
+_MEDIA_SUBTYPE_CHARS = frozenset(string.ascii_letters + string.digits + "!#$%&'*+-.^_`|~")
 
 
 @dataclass(frozen=True)
@@ -38,6 +49,71 @@ class Image:
 class ImageError(ApiError):
     def __init__(self, message: str) -> None:
         super().__init__(400, message, code="invalid_image")
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    """An image part as a request names it, not yet loaded."""
+
+    field: str
+    url: str
+    detail: str | None = None
+
+
+def valid_image_url(url: str) -> bool:
+    """`data:image/<subtype>;base64,<payload>`, or http(s) with a host, no userinfo and a port in 1-65535."""
+    if url.lower().startswith("data:"):
+        return _valid_data_url(url)
+    return _valid_http_url(url)
+
+
+def _valid_data_url(url: str) -> bool:
+    header, comma, payload = url.partition(",")
+    if not comma:
+        return False
+    pieces = header.split(";")
+    if len(pieces) != 2 or pieces[1].lower() != "base64":
+        return False
+    media = pieces[0]
+    if not media.lower().startswith("data:image/") or media.count("/") != 1:
+        return False
+    subtype = media.split("/", 1)[1]
+    if not subtype or not set(subtype) <= _MEDIA_SUBTYPE_CHARS:
+        return False
+    try:
+        return bool(base64.b64decode(payload, validate=True))
+    except (binascii.Error, ValueError):
+        return False
+
+
+def _valid_http_url(url: str) -> bool:
+    if not url or not set(url) <= _URL_CHARS:
+        return False
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:  # a bad port or bracketed host
+        return False
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        return False
+    if parts.username is not None or parts.password is not None:
+        return False
+    return _explicit_port_ok(parts) and (port is None or 1 <= port <= 65535)
+
+
+def _explicit_port_ok(parts: SplitResult) -> bool:
+    """A colon after the host must be followed by a decimal port (urlsplit accepts `host:`)."""
+    host_port = parts.netloc.rpartition("@")[2]
+    if host_port.startswith("["):
+        rest = host_port.partition("]")[2]
+    else:
+        rest = host_port[host_port.find(":"):] if ":" in host_port else ""
+    if not rest:
+        return True
+    digits = rest[1:]
+    return rest[0] == ":" and digits.isascii() and digits.isdigit() and 1 <= int(digits) <= 65535
+
+
 
 
 def sniff(data: bytes) -> str | None:
@@ -191,3 +267,80 @@ def open_image(image: Image):  # -> PIL.Image.Image
     except Exception:  # Pillow raises many types for bad data
         raise ImageError(f"{image.field} is not a decodable image.") from None
     return opened
+
+
+async def fetch_image(url: str, field: str, *, timeout: float = FETCH_TIMEOUT_SECONDS,
+                      max_bytes: int = MAX_IMAGE_BYTES) -> bytes:
+    """The body of an `http`/`https` image URL: at most `max_bytes`, within `timeout` seconds per
+    step, following at most MAX_REDIRECTS redirects and only to `http`/`https` URLs."""
+    import httpx
+
+    async with httpx.AsyncClient(follow_redirects=False, timeout=timeout, trust_env=False) as client:
+        for _ in range(MAX_REDIRECTS + 1):
+            try:
+                async with client.stream("GET", url) as response:
+                    if response.is_redirect:
+                        target = urljoin(url, response.headers.get("location", ""))
+                        if not _valid_http_url(target):
+                            raise ImageError(f"{field} redirects to a URL that is not http or https.")
+                        url = target
+                        continue
+                    if response.status_code != 200:
+                        raise ImageError(f"{field} could not be fetched (HTTP {response.status_code}).")
+                    declared = response.headers.get("content-length", "")
+                    if declared.isdigit() and int(declared) > max_bytes:
+                        raise ImageError(f"{field} is larger than 4 MiB.")
+                    body = bytearray()
+                    async for chunk in response.aiter_bytes():
+                        body += chunk
+                        if len(body) > max_bytes:
+                            raise ImageError(f"{field} is larger than 4 MiB.")
+                    return bytes(body)
+            except httpx.TimeoutException:
+                raise ImageError(f"{field} could not be fetched in {timeout:g} seconds.") from None
+            except httpx.HTTPError as exc:
+                raise ImageError(f"{field} could not be fetched: {type(exc).__name__}.") from None
+    raise ImageError(f"{field} redirects more than {MAX_REDIRECTS} times.")
+
+
+async def load_images(refs: Sequence[ImageRef], *, remote_allowed: bool) -> list[Image]:
+    """Every image of a request, decoded (or fetched) and checked, then the request-wide limits."""
+    if len(refs) > MAX_IMAGES:
+        raise ImageError(f"A request accepts at most {MAX_IMAGES} images.")
+    images = []
+    for ref in refs:
+        if remote_allowed and ref.url[:5].lower() != "data:":
+            if not _valid_http_url(ref.url):
+                raise ImageError("Invalid image URL")
+            images.append(check_image(await fetch_image(ref.url, ref.field), ref.field, None, ref.detail))
+        else:
+            images.append(load_data_image(ref, remote_allowed=remote_allowed))
+    check_images(images)
+    return images
+
+
+def load_data_image(ref: ImageRef, *, remote_allowed: bool = False) -> Image:
+    declared, data = decode_data_url(ref.url, ref.field, remote_allowed=remote_allowed)
+    return check_image(data, ref.field, declared, ref.detail)
+
+
+def load_data_images(refs: Sequence[ImageRef]) -> list[Image]:
+    """The images of a decision request: base64 data URLs only."""
+    if len(refs) > MAX_IMAGES:
+        raise ImageError(f"A request accepts at most {MAX_IMAGES} images.")
+    images = [load_data_image(ref) for ref in refs]
+    check_images(images)
+    return images
+
+
+def all_low_detail(images: Sequence[Image]) -> bool:
+    """`detail: "low"` on every image (and at least one image): decisions then resize to 512 px."""
+    return bool(images) and all(image.detail == "low" for image in images)
+
+
+def data_url(image: Image) -> str:
+    return f"data:{image.media_type};base64,{base64.b64encode(image.data).decode('ascii')}"
+
+
+def open_images(images: Sequence[Image]) -> list[Any]:
+    return [open_image(image) for image in images]

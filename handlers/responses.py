@@ -11,8 +11,9 @@ from fastapi.responses import StreamingResponse
 from swama.engine.errors import EngineError
 from swama.engine.generator import Finished
 from swama.generated.openai_models import CreateResponse
+from swama.handlers.chat_request import attach_images
 from swama.handlers.dispatch import Call, route
-from swama.handlers.errors import ApiError, bad_request
+from swama.handlers.errors import ApiError
 from swama.handlers.responses_events import (
     SSE_HEADERS,
     SSE_MEDIA_TYPE,
@@ -23,16 +24,13 @@ from swama.handlers.responses_events import (
 from swama.handlers.responses_rules import ROUTE_RULES, ResponseRequest, response_request
 from swama.handlers.streaming import collect_or_cancel, start_stream
 
-IMAGES_NEED_VISION = "Images are not supported by this model; it has no vision processor."
-
 
 @route(ROUTE_RULES)
 async def create_response(call: Call, parsed: CreateResponse) -> Response | dict[str, Any]:
     request = response_request(parsed, context_limit=call.settings.context_limit)
     engine = call.engine
     model_id = engine.resolve_language_model(request.model)
-    if request.images:
-        raise bad_request(IMAGES_NEED_VISION, code="invalid_image")
+    await attach_images(request.chat, request.images, engine.installed(model_id))
     events = engine.chat(model_id, request.chat)
     if request.stream:
         events = await start_stream(events)  # errors before the first token stay plain HTTP errors

@@ -8,12 +8,8 @@ image URLs, dropping the offline web_search tool, then the conversion shared wit
 
 from __future__ import annotations
 
-import base64
-import binascii
-import string
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import SplitResult, urlsplit
 
 from swama.engine.generator import ChatRequest
 from swama.generated.openai_models import (
@@ -26,6 +22,7 @@ from swama.generated.openai_models import (
 )
 from swama.handlers.chat_request import Turn, chat_request, function_tool, json_object, sampling, tool_call
 from swama.handlers.dispatch import RouteRules
+from swama.handlers.images import ImageRef, valid_image_url
 from swama.handlers.responses_schema_errors import (
     bad_json,
     check_nulls,
@@ -37,9 +34,6 @@ from swama.handlers.responses_schema_errors import (
 )
 
 ROLES = {"user": "user", "developer": "system", "system": "system", "assistant": "assistant", "tool": "tool"}
-# Characters a URL may carry unescaped; anything else (spaces, non-ASCII, quotes...) is refused.
-_URL_CHARS = frozenset(string.ascii_letters + string.digits + "-._~:/?#[]@!$&'()*+,;=%")
-_MEDIA_SUBTYPE_CHARS = frozenset(string.ascii_letters + string.digits + "!#$%&'*+-.^_`|~")
 
 
 def before_model(data: dict[str, Any]) -> None:
@@ -64,72 +58,7 @@ ROUTE_RULES = RouteRules(bad_json=bad_json, not_object=not_object, before_model=
                          schema_error=schema_error, handled=FIELDS, unhandled=unsupported)
 
 
-# -- image URLs ------------------------------------------------------------------------------------
-
-def valid_image_url(url: str) -> bool:
-    """`data:image/<subtype>;base64,<payload>`, or http(s) with a host, no userinfo and a port in 1-65535."""
-    if url.lower().startswith("data:"):
-        return _valid_data_url(url)
-    return _valid_http_url(url)
-
-
-def _valid_data_url(url: str) -> bool:
-    header, comma, payload = url.partition(",")
-    if not comma:
-        return False
-    pieces = header.split(";")
-    if len(pieces) != 2 or pieces[1].lower() != "base64":
-        return False
-    media = pieces[0]
-    if not media.lower().startswith("data:image/") or media.count("/") != 1:
-        return False
-    subtype = media.split("/", 1)[1]
-    if not subtype or not set(subtype) <= _MEDIA_SUBTYPE_CHARS:
-        return False
-    try:
-        return bool(base64.b64decode(payload, validate=True))
-    except (binascii.Error, ValueError):
-        return False
-
-
-def _valid_http_url(url: str) -> bool:
-    if not url or not set(url) <= _URL_CHARS:
-        return False
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError:  # a bad port or bracketed host
-        return False
-    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
-        return False
-    if parts.username is not None or parts.password is not None:
-        return False
-    return _explicit_port_ok(parts) and (port is None or 1 <= port <= 65535)
-
-
-def _explicit_port_ok(parts: SplitResult) -> bool:
-    """A colon after the host must be followed by a decimal port (urlsplit accepts `host:`)."""
-    host_port = parts.netloc.rpartition("@")[2]
-    if host_port.startswith("["):
-        rest = host_port.partition("]")[2]
-    else:
-        rest = host_port[host_port.find(":"):] if ":" in host_port else ""
-    if not rest:
-        return True
-    digits = rest[1:]
-    return rest[0] == ":" and digits.isascii() and digits.isdigit() and 1 <= int(digits) <= 65535
-
-
 # -- the typed request, read into what the generator runs ------------------------------------------
-
-@dataclass(frozen=True)
-class InputImage:
-    """An `input_image` part with a well-formed URL; `field` (`input[i].content[j]`) locates it."""
-
-    field: str
-    image_url: str
-    detail: str | None = None
-
 
 @dataclass
 class ResponseRequest:
@@ -145,23 +74,25 @@ class ResponseRequest:
     temperature: float = 0.0
     top_p: float = 0.0
     max_output_tokens: int | None = None
-    images: list[InputImage] = field(default_factory=list)  # the caller refuses them for text-only models
+    images: list[ImageRef] = field(default_factory=list)  # in order; loaded by the route
 
 
-def _message_turn(item: ResponsesRequestMessageItem, where: str, images: list[InputImage]) -> Turn:
+def _message_turn(item: ResponsesRequestMessageItem, where: str, images: list[ImageRef]) -> Turn:
     role = ROLES[item.role]
     if isinstance(item.content, str):
         return Turn(role, [item.content])
-    texts: list[str] = []
+    parts: list[str | ImageRef] = []
     for j, part in enumerate(p.root for p in item.content.root):
         if isinstance(part, ResponsesRequestImagePart):
             if not valid_image_url(part.image_url):
                 raise unsupported("input_image.image_url")
             detail = part.detail if "detail" in part.model_fields_set else None
-            images.append(InputImage(f"{where}.content[{j}]", part.image_url, detail))
+            ref = ImageRef(f"{where}.content[{j}]", part.image_url, detail)
+            images.append(ref)
+            parts.append(ref)
         else:
-            texts.append(part.text)
-    return Turn(role, texts)
+            parts.append(part.text)
+    return Turn(role, parts)
 
 
 def _call_turn(item: ResponsesRequestFunctionCallItem) -> Turn:
@@ -171,7 +102,7 @@ def _call_turn(item: ResponsesRequestFunctionCallItem) -> Turn:
     return Turn("assistant", [], tool_calls=[tool_call(item.call_id, item.name, arguments)])
 
 
-def _turns(request: CreateResponse, images: list[InputImage]) -> list[Turn]:
+def _turns(request: CreateResponse, images: list[ImageRef]) -> list[Turn]:
     turns = [Turn("system", [request.instructions])] if request.instructions else []
     if isinstance(request.input.root, str):
         return [*turns, Turn("user", [request.input.root])]
@@ -194,7 +125,7 @@ def _echoed_tool(tool: ResponsesRequestFunctionTool) -> dict[str, Any]:
 def response_request(request: CreateResponse, *, context_limit: int) -> ResponseRequest:
     """The checks no schema says, then the shared chat conversion."""
     check_nulls(request)
-    images: list[InputImage] = []
+    images: list[ImageRef] = []
     turns = _turns(request, images)
     # The offline web_search tool is dropped here: no search ever runs.
     functions = [t.root for t in request.tools if isinstance(t.root, ResponsesRequestFunctionTool)]

@@ -6,13 +6,16 @@ import argparse
 import asyncio
 import json
 import sys
+from pathlib import Path
 
 import httpx
 
+from swama.engine.errors import EngineError
 from swama.engine.generator import ChatRequest, Finished, Sampling, TextDelta
 from swama.engine.service import Engine, EngineOptions
 from swama.engine.sources import pull
 from swama.engine.store import ModelStore
+from swama.handlers.images import Image, ImageError, check_image, check_images, data_url, open_images
 from swama.handlers.settings import Settings
 
 
@@ -27,8 +30,35 @@ def _server_url(args: argparse.Namespace) -> str | None:
     return url
 
 
-def _body(args: argparse.Namespace) -> dict:
-    body = {"model": args.model, "messages": [{"role": "user", "content": args.prompt}],
+def _images(args: argparse.Namespace) -> list[Image]:
+    """The `-i` files, read and checked by the same rules the server applies."""
+    images = []
+    for path in args.image_paths or []:
+        try:
+            data = Path(path).read_bytes()
+        except OSError as exc:
+            raise SystemExit(f"error: cannot read image {path}: {exc.strerror}") from None
+        try:
+            images.append(check_image(data, path))
+        except ImageError as exc:
+            raise SystemExit(f"error: {exc.message}") from None
+    try:
+        check_images(images)
+    except ImageError as exc:
+        raise SystemExit(f"error: {exc.message}") from None
+    return images
+
+
+def _content(args: argparse.Namespace, images: list[Image]) -> str | list[dict]:
+    """The user message: the images first, then the prompt, as data URLs for the server."""
+    if not images:
+        return args.prompt
+    parts: list[dict] = [{"type": "image_url", "image_url": {"url": data_url(image)}} for image in images]
+    return [*parts, {"type": "text", "text": args.prompt}]
+
+
+def _body(args: argparse.Namespace, images: list[Image]) -> dict:
+    body = {"model": args.model, "messages": [{"role": "user", "content": _content(args, images)}],
             "temperature": args.temperature, "top_p": args.top_p, "stream": args.stream}
     if args.max_tokens is not None:
         body["max_tokens"] = args.max_tokens
@@ -39,8 +69,8 @@ def _body(args: argparse.Namespace) -> dict:
     return body
 
 
-def _via_server(url: str, args: argparse.Namespace) -> int:
-    body = _body(args)
+def _via_server(url: str, args: argparse.Namespace, images: list[Image]) -> int:
+    body = _body(args, images)
     with httpx.Client(timeout=None) as client:
         if not args.stream:
             r = client.post(url + "/chat/completions", json=body)
@@ -63,32 +93,43 @@ def _via_server(url: str, args: argparse.Namespace) -> int:
     return 0
 
 
-async def _in_process(args: argparse.Namespace) -> int:
+async def _in_process(args: argparse.Namespace, images: list[Image]) -> int:
     settings = Settings()
     engine = Engine(EngineOptions(models_root=settings.models_root, context_limit=settings.context_limit))
+    content: str | list[dict] = args.prompt
+    if images:
+        content = [*({"type": "image"} for _ in images), {"type": "text", "text": args.prompt}]
     request = ChatRequest(
-        messages=[{"role": "user", "content": args.prompt}],
+        messages=[{"role": "user", "content": content}],
         sampling=Sampling(temperature=args.temperature, top_p=args.top_p,
                           repetition_penalty=args.repetition_penalty),
-        max_tokens=args.max_tokens, context_limit=args.context_limit or settings.context_limit)
+        max_tokens=args.max_tokens, context_limit=args.context_limit or settings.context_limit,
+        images=open_images(images))
     parts = []
-    async for event in engine.chat(engine.resolve_language_model(args.model), request):
-        if isinstance(event, TextDelta):
-            if args.stream:
-                print(event.text, end="", flush=True)
-            else:
-                parts.append(event.text)
-        elif isinstance(event, Finished):
-            print("".join(parts) if not args.stream else "")
-    await engine.close()
+    try:
+        model_id = engine.resolve_language_model(args.model)
+        async for event in engine.chat(model_id, request):
+            if isinstance(event, TextDelta):
+                if args.stream:
+                    print(event.text, end="", flush=True)
+                else:
+                    parts.append(event.text)
+            elif isinstance(event, Finished):
+                print("".join(parts) if not args.stream else "")
+    except EngineError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 1
+    finally:
+        await engine.close()
     return 0
 
 
 def run(args: argparse.Namespace) -> int:
+    images = _images(args)
     store = ModelStore(Settings().models_root)
     if store.find(args.model) is None:
         pull(store, args.model)  # the CLI installs on first use; the server never downloads
     url = _server_url(args)
     if url is not None:
-        return _via_server(url, args)
-    return asyncio.run(_in_process(args))
+        return _via_server(url, args, images)
+    return asyncio.run(_in_process(args, images))

@@ -6,15 +6,17 @@ from fastapi import Response
 
 from swama.engine.decide import DecisionJob
 from swama.engine.errors import EngineError
-from swama.engine.scorer import IMAGES_NEED_VISION, DecisionError, render_text
+from swama.engine.scorer import render_text
 from swama.engine.store import InstalledModel
 from swama.generated.systemone_models import SystemOneRequest
 from swama.handlers.dispatch import Call, route
 from swama.handlers.errors import ApiError
+from swama.handlers.images import open_images
 from swama.handlers.streaming import collect_or_cancel
 from swama.handlers.systemone_wire import (
     SYSTEMONE_RULES,
     check_questions,
+    images_of,
     question_view,
     questions_of,
     render_systemone_response,
@@ -51,11 +53,10 @@ async def create_system_one(call: Call, request: SystemOneRequest) -> Response:
     questions = questions_of(request)
     check_questions(questions)
     model = answering_model(call, request.model)
-    if request.images:
-        raise DecisionError(400, IMAGES_NEED_VISION)
+    images = images_of(request)  # `"images": []` is the same as no field
     call.engine.require_language_model(model)
     job = DecisionJob(render_text(request.state), [question_view(q) for _, q in questions],
-                      context_limit=call.settings.context_limit, systemone=True)
+                      context_limit=call.settings.context_limit, systemone=True, images=open_images(images))
     async for result in collect_or_cancel(call.request, call.engine.decide(model.id, job)):
         answers = [(qid, q, answer) for (qid, q), answer in zip(questions, result.answers, strict=True)]
         body = render_systemone_response(model.id, answers, result.input_tokens)

@@ -22,6 +22,7 @@ from swama.generated.systemone_models import (
     SystemOneChoiceQuestion,
     SystemOneNoulQuestion,
     SystemOneRequest,
+    SystemOneRequestImages1,
     SystemOneScoreQuestion,
 )
 from swama.handlers.decision_rules import (
@@ -40,6 +41,7 @@ from swama.handlers.decision_rules import (
 )
 from swama.handlers.dispatch import RouteRules
 from swama.handlers.errors import ApiError
+from swama.handlers.images import Image, ImageRef, check_image, check_images, decode_base64, load_data_image
 from swama.handlers.strict_json import JSONRule, StrictJSONError
 
 INVALID_REQUEST_MESSAGE = "Invalid SystemOne request."
@@ -319,3 +321,18 @@ def render_systemone_response(
         "usage": {"input_tokens": input_tokens, "output_tokens": 0},
     }
     return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def images_of(request: SystemOneRequest) -> list[Image]:
+    """Clef's `images`: data-URL strings or `{content_type, base64}` objects, each checked, then
+    the request-wide limits. Null and `[]` mean no images."""
+    images = []
+    for i, item in enumerate(request.images or []):
+        where = f"images[{i}]"
+        if isinstance(item, SystemOneRequestImages1):
+            data = decode_base64(item.base64, where)
+            images.append(check_image(data, where, item.content_type.value))
+        else:
+            images.append(load_data_image(ImageRef(where, item.root)))
+    check_images(images)
+    return images

@@ -589,9 +589,9 @@ def test_message_input_joins_texts_and_keeps_images() -> None:
     )
     text, images = input_of(parse_decision_request(raw).input)
     assert text == "first\nsecond\n"
-    assert [(image.image_url, image.detail) for image in images] == [
-        ("data:image/png;base64,AAAA", "low"),
-        ("https://example.com/x.png", None),
+    assert [(image.field, image.url, image.detail) for image in images] == [
+        ("input[1].content[0]", "data:image/png;base64,AAAA", "low"),
+        ("input[1].content[2]", "https://example.com/x.png", None),
     ]
 
 

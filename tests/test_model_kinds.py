@@ -60,21 +60,24 @@ def test_kind_is_recorded_at_install_and_derived_for_older_installs(tmp_path: Pa
 
 def test_routes_refuse_a_model_of_another_kind_by_name(tmp_path: Path, tiny_model_dir: Path) -> None:
     root = tmp_path / "store"
-    create(ModelStore(root), _vision_copy(tiny_model_dir, tmp_path / "vl"), "test/tiny-vl", say=lambda _: None)
+    encoder = shutil.copytree(tiny_model_dir, tmp_path / "emb")
+    (encoder / "config.json").write_text(json.dumps({**json.loads((encoder / "config.json").read_text()),
+                                                     "model_type": "bert"}))
+    create(ModelStore(root), encoder, "test/tiny-emb", say=lambda _: None)
     server = start_server(root, tmp_path / "server.log")
     try:
         models = httpx.get(server.v1 + "/models").json()["data"]
-        assert [(m["id"], m["kind"]) for m in models] == [("test/tiny-vl", "vision")]
+        assert [(m["id"], m["kind"]) for m in models] == [("test/tiny-emb", "embedding")]
         for path, body in [
-            ("/chat/completions", {"model": "test/tiny-vl", "messages": [{"role": "user", "content": "hi"}]}),
-            ("/responses", {"model": "test/tiny-vl", "input": "hi"}),
-            ("/decisions", {"model": "test/tiny-vl", "input": "x",
+            ("/chat/completions", {"model": "test/tiny-emb", "messages": [{"role": "user", "content": "hi"}]}),
+            ("/responses", {"model": "test/tiny-emb", "input": "hi"}),
+            ("/decisions", {"model": "test/tiny-emb", "input": "x",
                             "questions": [{"type": "predicate", "instructions": "Is it?"}]}),
-            ("/systemone", {"model": "test/tiny-vl", "state": "x",
+            ("/systemone", {"model": "test/tiny-emb", "state": "x",
                             "questions": {"q": {"type": "noul", "instructions": "Is it?"}}}),
         ]:
             r = httpx.post(server.v1 + path, json=body, timeout=60)
             assert r.status_code == 400, (path, r.text)
-            assert "'test/tiny-vl' is a vision model" in r.json()["error"]["message"], path
+            assert "'test/tiny-emb' is an embedding model" in r.json()["error"]["message"], path
     finally:
         server.stop()

@@ -64,7 +64,7 @@ def test_the_generated_model_refuses_and_the_route_words_it(op: Any, rules: Rout
 
 def chat_request(**changes: Any) -> Any:
     parsed = parse_json_request(CHAT_OP, chat.RULES, json.dumps({**CHAT, **changes}).encode())
-    return chat.request_from(parsed, 4096)
+    return chat.request_from(parsed, 4096)[0]
 
 
 def test_chat_defaults_come_from_the_engine() -> None:

@@ -12,12 +12,11 @@ import pytest
 from swama.generated.routes import OPERATIONS
 from swama.handlers.dispatch import parse_json_request, validate
 from swama.handlers.errors import ApiError, error_body
+from swama.handlers.images import ImageRef, valid_image_url
 from swama.handlers.responses_rules import (
     ROUTE_RULES,
-    InputImage,
     ResponseRequest,
     response_request,
-    valid_image_url,
 )
 
 OP = OPERATIONS["createResponse"]
@@ -371,7 +370,7 @@ def test_image_url_rejected(url: str) -> None:
 def test_image_url_accepted(url: str) -> None:
     assert valid_image_url(url)
     req = parse(items(msg([{"type": "input_image", "image_url": url, "detail": "auto"}])))
-    assert req.images == [InputImage("input[0].content[0]", url, "auto")]
+    assert req.images == [ImageRef("input[0].content[0]", url, "auto")]
 
 
 # -- check order -----------------------------------------------------------------------------------
@@ -612,11 +611,12 @@ def test_images_are_kept_for_the_caller() -> None:
     req = parse(items(msg("first"), msg([{"type": "input_text", "text": "what is this?"},
                                          {"type": "input_image", "image_url": PNG},
                                          {"type": "input_image", "image_url": url, "detail": "auto"}])))
-    assert req.images == [InputImage("input[1].content[1]", PNG, None),
-                          InputImage("input[1].content[2]", url, "auto")]
-    assert req.chat.messages[1] == {"role": "user", "content": "what is this?"}
+    assert req.images == [ImageRef("input[1].content[1]", PNG, None),
+                          ImageRef("input[1].content[2]", url, "auto")]
+    assert req.chat.messages[1] == {"role": "user", "content": [  # parts in order, for the chat template
+        {"type": "text", "text": "what is this?"}, {"type": "image"}, {"type": "image"}]}
     only_image = parse(items(msg([{"type": "input_image", "image_url": PNG}])))
-    assert only_image.chat.messages == [{"role": "user", "content": ""}] and len(only_image.images) == 1
+    assert only_image.chat.messages == [{"role": "user", "content": [{"type": "image"}]}] and len(only_image.images) == 1
 
 
 # -- the Codex CLI envelope --------------------------------------------------------------------------
