@@ -56,7 +56,9 @@ class Prefill:
         extra = dict(self.extra)
         if "position_ids" in extra:
             extra["position_ids"] = extra["position_ids"][..., :n]
-        return Prefill(self.ids[:n], self.embeddings[:, :n], extra, self.image_tokens)
+        head = Prefill(self.ids[:n], self.embeddings[:, :n], extra, self.image_tokens)
+        _evaluate([head.embeddings, extra.get("position_ids")])
+        return head
 
 
 class LanguageView:
@@ -90,7 +92,18 @@ class LanguageView:
             extra = self._prefill.extra
         out = lm(inputs, inputs_embeds=input_embeddings, cache=cache, **extra)
         self._state = {name: getattr(lm, name) for name in _POSITION_STATE if hasattr(lm, name)}
+        # Evaluated now: a request's next call may run on another worker thread, and MLX cannot
+        # evaluate a lazy array on a thread other than the one whose stream built it.
+        _evaluate(self._state.values())
         return out.logits
+
+
+def _evaluate(values: Any) -> None:
+    import mlx.core as mx
+
+    arrays = [v for v in values if isinstance(v, mx.array)]
+    if arrays:
+        mx.eval(arrays)
 
 
 def fit_within(image: Any, side: int) -> Any:
@@ -122,6 +135,7 @@ class VisionSupport:
         inputs = prepare_inputs(self.processor, images=rgb, prompts=[prompt])
         ids = inputs["input_ids"][0].tolist()
         extra = {k: v for k, v in inputs.items() if k not in _NOT_MODEL_INPUTS and v is not None}
+        _evaluate([inputs["pixel_values"], inputs.get("attention_mask"), *extra.values()])
         positions = [i for i, t in enumerate(ids) if t == self.image_token_id]
         return Processed(ids, inputs["pixel_values"], inputs.get("attention_mask"), extra, len(positions),
                          positions[-1] if positions else -1)
@@ -135,6 +149,7 @@ class VisionSupport:
                                                    **processed.extra)
         computed = {k: v for k, v in features.to_dict().items() if k != "inputs_embeds" and v is not None}
         mx.eval(features.inputs_embeds)
+        _evaluate(computed.values())
         return Prefill(processed.ids, features.inputs_embeds, {**processed.extra, **computed},
                        processed.image_tokens)
 
