@@ -26,6 +26,20 @@ from swama.engine.scorer import (
 )
 
 SMOL = "smollm2"
+
+
+def _png_data_url() -> str:
+    import base64
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (8, 8), (255, 0, 0)).save(out, "PNG")
+    return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+
+
+PNG_URL = _png_data_url()
 INPUT = "My invoice charged me twice."
 QUESTIONS = [
     {"type": "predicate", "name": "billing", "instructions": "Is this a billing issue?"},
@@ -192,9 +206,9 @@ def test_systemone_and_decisions_agree(model_server: LiveServer) -> None:
     ("/decisions", {"model": "nobody/x", "input": "x", "questions": [{"type": "predicate", "instructions": "i"}]},
      404, "The model is not available locally."),
     ("/decisions", {"model": SMOL, "input": [{"role": "user", "content": [
-        {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}]}],
+        {"type": "input_image", "image_url": PNG_URL}]}],
         "questions": [{"type": "predicate", "instructions": "i"}]}, 400, "no vision processor"),
-    ("/systemone", {"model": SMOL, "state": "x", "images": ["data:image/png;base64,iVBORw0KGgo="],
+    ("/systemone", {"model": SMOL, "state": "x", "images": [PNG_URL],
                     "questions": {"q": {"type": "noul", "instructions": "i"}}}, 400, "no vision processor"),
 ])
 def test_refusals_on_the_live_server(model_server: LiveServer, route: str, body: dict, status: int,
