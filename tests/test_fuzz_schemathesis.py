@@ -81,6 +81,8 @@ def _on_the_tiny_model(body: Any) -> None:
     for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         if isinstance(body.get(key), int | float) and not isinstance(body.get(key), bool):
             body[key] = min(body[key], 4)  # an integral float stays a number the schema takes
+        elif key in body and body[key] is None:
+            body[key] = 4  # null means "no limit": a random model would talk to the end of its context
     if "max_tokens" not in body and "messages" in body:
         body["max_completion_tokens"] = min(body.get("max_completion_tokens") or 4, 4)
     if "max_output_tokens" not in body and "input" in body and "questions" not in body:
