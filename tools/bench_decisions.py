@@ -2,11 +2,14 @@
 
     python -m swama.tools.bench_decisions [--model-dir DIR] [--runs N] [--write docs/benchmarks.md]
     python -m swama.tools.bench_decisions --hybrid [--model-dir DIR] [--runs N] [--write]
+    python -m swama.tools.bench_decisions --vision [--model-dir DIR] [--runs N] [--write]
 
 Measures 20 questions over a ~1,000-token input both ways (same model, same process, alternating
 runs), checks both ways agree within 1e-4, and questions per second for 1, 10 and 50 questions.
 `--hybrid` measures the same 20 questions on a tiny random Qwen3.5-style hybrid model (built from
 the model folder's tokenizer), whose cache cannot be trimmed: prefix snapshot vs fresh cache.
+`--vision` measures 10 questions with two photo-sized images on a tiny random Qwen3.5 vision-language
+model: one vision encoding and one prefix prefill per request vs both again for every question.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from swama.engine.decide import DecisionJob, DecisionRun
 from swama.engine.model import load_language_model
@@ -27,6 +31,9 @@ from swama.tools.bench_common import default_model_dir, missing_model_message, t
 
 TITLE = "Decisions: shared-prefix scoring vs a fresh cache per question"
 HYBRID_TITLE = "Decisions on a hybrid model: prefix snapshot vs a fresh cache per question"
+VISION_TITLE = "Decisions with images: one vision encoding and prefix per request vs per question"
+VISION_QUESTIONS = 10
+AGREEMENT_BOUND = 1e-4
 
 
 def ticket(target_tokens: int, tokenizer) -> str:
@@ -52,13 +59,18 @@ def questions(n: int) -> list:
     return [pool[i % len(pool)] for i in range(n)]
 
 
-def timed(model, job: DecisionJob, reuse: bool) -> tuple[float, object]:
+def timed_run(model, job: DecisionJob, reuse: bool) -> tuple[float, DecisionRun]:
     start = time.perf_counter()
     run = DecisionRun(model, job, prefix_reuse=reuse)
     run.start()
     while not run.done:
         run.score_next()
-    return time.perf_counter() - start, run.result()
+    return time.perf_counter() - start, run
+
+
+def timed(model, job: DecisionJob, reuse: bool) -> tuple[float, object]:
+    seconds, run = timed_run(model, job, reuse)
+    return seconds, run.result()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,19 +81,26 @@ def main(argv: list[str] | None = None) -> int:
                         / "benchmarks.md", default=None, help="update this section of docs/benchmarks.md")
     parser.add_argument("--hybrid", action="store_true",
                         help="a tiny random Qwen3.5-style hybrid model: prefix snapshot vs fresh cache")
+    parser.add_argument("--vision", action="store_true",
+                        help="a tiny random Qwen3.5 vision-language model, two images: one vision encoding "
+                             "and prefix per request vs per question")
     args = parser.parse_args(argv)
+    if args.hybrid and args.vision:
+        parser.error("--hybrid and --vision are separate benchmarks: pick one")
     if args.model_dir is None or not (args.model_dir / "config.json").exists():
         parser.error(missing_model_message())
     reexec_with_openblas(sys.argv[1:] if argv is None else argv, module="swama.tools.bench_decisions")
     if args.hybrid:
         return hybrid(args)
+    if args.vision:
+        return vision(args)
     load = f"{os.getloadavg()[0]:.1f}"
     model = load_language_model("bench", args.model_dir)
     text = ticket(1000, model.tokenizer)
     job = DecisionJob(text, questions(20), 16384)
     timed(model, DecisionJob(text, questions(2), 16384), True)  # warm-up
 
-    s, f, worst, _ = _compare(model, job, args.runs)
+    s, f, worst, *_ = _compare(model, job, args.runs)
     rows = [("20 questions, shared prefix", f"{s:.2f} s", f"{20 / s:.1f}"),
             ("20 questions, fresh cache each", f"{f:.2f} s", f"{20 / f:.1f}")]
     for n in (1, 10, 50):
@@ -109,18 +128,28 @@ def _publish(title: str, lines: list[str], write: Path | None) -> int:
     return 0
 
 
-def _compare(model, job: DecisionJob, runs: int) -> tuple[float, float, float, int]:
-    """Median seconds shared and fresh, the largest probability difference, the shared prefix length."""
-    shared_t, fresh_t, worst, prefix = [], [], 0.0, 0
+class Comparison(NamedTuple):
+    shared: float  # median seconds, shared prefix
+    fresh: float  # median seconds, fresh cache per question
+    worst: float  # the largest probability difference between the two ways, over every run
+    prefix: int  # the shared prefix length, in tokens
+    shared_run: DecisionRun  # the last run of each way, for its counters
+    fresh_run: DecisionRun
+
+
+def _compare(model, job: DecisionJob, runs: int) -> Comparison:
+    """Both ways `runs` times, alternating: medians, the largest probability difference, the last runs."""
+    shared_t, fresh_t, worst = [], [], 0.0
+    shared_run = fresh_run = None
     for _ in range(runs):
-        t_shared, shared = timed(model, job, True)
-        t_fresh, fresh = timed(model, job, False)
+        t_shared, shared_run = timed_run(model, job, True)
+        t_fresh, fresh_run = timed_run(model, job, False)
         shared_t.append(t_shared)
         fresh_t.append(t_fresh)
-        prefix = shared.shared_prefix_tokens
-        for a, b in zip(shared.answers, fresh.answers, strict=True):
+        for a, b in zip(shared_run.answers, fresh_run.answers, strict=True):
             worst = max(worst, *(abs(x - y) for x, y in zip(a.probabilities, b.probabilities, strict=True)))
-    return statistics.median(shared_t), statistics.median(fresh_t), worst, prefix
+    return Comparison(statistics.median(shared_t), statistics.median(fresh_t), worst,
+                      shared_run.result().shared_prefix_tokens, shared_run, fresh_run)
 
 
 def hybrid(args: argparse.Namespace) -> int:
@@ -134,7 +163,7 @@ def hybrid(args: argparse.Namespace) -> int:
         text = ticket(1000, model.tokenizer)
         job = DecisionJob(text, questions(20), 16384)
         timed(model, DecisionJob(text, questions(2), 16384), True)  # warm-up
-        s, f, worst, prefix = _compare(model, job, args.runs)
+        s, f, worst, prefix, *_ = _compare(model, job, args.runs)
     lines = [
         f"Measured {today()} with `python -m swama.tools.bench_decisions --hybrid --runs {args.runs} --write` "
         f"(median of {args.runs} alternating runs, one process): a tiny random-weight Qwen3.5-style model "
@@ -148,6 +177,65 @@ def hybrid(args: argparse.Namespace) -> int:
         f"difference between the two ways: {worst:.1e} (bound: 1e-4).", "",
     ]
     return _publish(HYBRID_TITLE, lines, args.write)
+
+
+def photos() -> tuple:
+    """Two photo-sized RGB images of seeded random noise: 640x480 (landscape) and 480x640 (portrait)."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    return tuple(Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8), "RGB")
+                 for w, h in ((640, 480), (480, 640)))
+
+
+def vision(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from swama.engine.model import load_model
+    from swama.tools.build_tiny_model import build_tiny_model
+
+    images = photos()
+    n = VISION_QUESTIONS
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = build_tiny_model(args.model_dir, Path(tmp) / "tiny-qwen3_5_vl", arch="qwen3_5_vl")
+        model = load_model("bench-vision", folder)
+        text = ticket(1000, model.tokenizer)
+        text_tokens = len(model.tokenizer.encode(text))
+        job = DecisionJob(text, questions(n), context_limit=16384, images=images)
+        timed(model, DecisionJob(text, questions(2), context_limit=16384, images=images), True)  # warm-up
+        c = _compare(model, job, args.runs)
+    result = c.shared_run.result()
+    image_tokens = c.shared_run.prepared[0].processed.image_tokens
+    question_tokens = len(c.shared_run.prepared[0].ids)
+    encodings = (c.shared_run.vision_encodings, c.fresh_run.vision_encodings)
+    if c.worst > AGREEMENT_BOUND:
+        raise SystemExit(f"the two ways disagree: largest probability difference {c.worst:.1e} "
+                         f"(bound: {AGREEMENT_BOUND:.0e})")
+    if encodings != (1, n):
+        raise SystemExit(f"expected 1 vision encoding with the shared prefix and {n} without, got {encodings}")
+    print(f"image tokens {image_tokens} (two images), input tokens {result.input_tokens} over {n} questions "
+          f"({question_tokens} for the first), shared prefix {result.shared_prefix_tokens} tokens")
+    sizes = " and ".join(f"{i.width}x{i.height}" for i in images)
+    lines = [
+        f"Measured {today()} with `python -m swama.tools.bench_decisions --vision --runs {args.runs} --write` "
+        f"(median of {args.runs} alternating runs, one process): a tiny random-weight Qwen3.5 "
+        f"vision-language model (the hybrid text stack above plus a 2-layer vision tower, one image token "
+        f"per 32x32 pixels), {n} questions over two random-noise photos ({sizes}, {image_tokens} image "
+        f"tokens together) and a {text_tokens}-token text input: {question_tokens} tokens for the first "
+        f"question, {result.input_tokens} over all {n}, shared prefix {result.shared_prefix_tokens} tokens; "
+        f"{os.cpu_count()} CPUs, {platform.machine()}. Both ways run the processor (resize, normalize) once "
+        f"per question; the difference is the vision tower and the prefill.", "",
+        "| case | time | questions/s | vision encodings |", "|---|---:|---:|---:|",
+        f"| {n} questions, one vision encoding and prefix per request | {c.shared:.3f} s | {n / c.shared:.1f} "
+        f"| {encodings[0]} |",
+        f"| {n} questions, vision encoding and prefill per question | {c.fresh:.3f} s | {n / c.fresh:.1f} "
+        f"| {encodings[1]} |", "",
+        f"**One encoding and prefix per request is {c.fresh / c.shared:.1f}x faster** than encoding the "
+        f"images and prefilling from scratch for every question. Largest probability difference between the two ways: {c.worst:.1e} "
+        f"(bound: 1e-4).", "",
+    ]
+    return _publish(VISION_TITLE, lines, args.write)
 
 
 if __name__ == "__main__":
