@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from swama.engine.model_kinds import LANGUAGE, VISION, kind_of
+from swama.engine.model_kinds import DECISION, LANGUAGE, VISION, kind_of
 from swama.engine.runtime import compute_dtype
 
 
@@ -28,6 +28,7 @@ class LoadedModel:
     caches: dict[str, Any] = field(default_factory=dict)  # per-model scratch: prompt cache, label sets
     kind: str = LANGUAGE
     vision: Any = None  # VisionSupport, for vision-language models
+    checkpoint: Any = None  # DecisionCheckpoint, for decision checkpoints (their own decision head)
 
     def network(self) -> Any:
         """The model to run one request on. A vision model's language model keeps positional
@@ -96,8 +97,25 @@ def load_vision_language_model(model_id: str, path: Path) -> LoadedModel:
                        vision=VisionSupport(model, processor))
 
 
+def load_decision_checkpoint(model_id: str, path: Path) -> LoadedModel:
+    """A Clef or PPLX-Decider checkpoint through mlx-vlm; it answers only decisions."""
+    from mlx_lm.utils import load_tokenizer
+
+    from swama.engine.checkpoints import load_checkpoint
+
+    checkpoint = load_checkpoint(path)
+    _cast(checkpoint.model)
+    tokenizer = load_tokenizer(path)
+    config = json.loads((path / "config.json").read_text())
+    return LoadedModel(model_id, path, checkpoint.model, tokenizer, config, _eos_ids(path, tokenizer),
+                       kind=DECISION, checkpoint=checkpoint)
+
+
 def load_model(model_id: str, path: Path) -> LoadedModel:
     """Load the model in `path` with the library its kind needs."""
-    if kind_of(path) == VISION:
+    kind = kind_of(path)
+    if kind == VISION:
         return load_vision_language_model(model_id, path)
+    if kind == DECISION:
+        return load_decision_checkpoint(model_id, path)
     return load_language_model(model_id, path)

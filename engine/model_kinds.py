@@ -1,6 +1,7 @@
 """What kind of model a folder holds, read from its config the way the MLX libraries tell them apart.
 
-mlx-vlm models carry a `vision_config` (or an image token) beside the text model; speech models name
+mlx-vlm models carry a `vision_config` (or an image token) beside the text model; decision checkpoints
+(Clef, PPLX-Decider) name an mlx-vlm architecture with its own decision head; speech models name
 an audio architecture; embedding models are encoder architectures or sentence-transformers folders.
 Everything else with a config is a language model for mlx-lm.
 """
@@ -13,14 +14,16 @@ from typing import Any
 
 LANGUAGE = "language"
 VISION = "vision"
+DECISION = "decision"  # a decision checkpoint: answers typed questions through its own head
 EMBEDDING = "embedding"
 SPEECH_TO_TEXT = "speech-to-text"
 TEXT_TO_SPEECH = "text-to-speech"
-KINDS = (LANGUAGE, VISION, EMBEDDING, SPEECH_TO_TEXT, TEXT_TO_SPEECH)
+KINDS = (LANGUAGE, VISION, DECISION, EMBEDDING, SPEECH_TO_TEXT, TEXT_TO_SPEECH)
 
 _SPEECH_TO_TEXT = {"whisper", "parakeet", "qwen3_asr", "funasr", "nemotron_asr", "voxtral", "moonshine"}
 _TEXT_TO_SPEECH = {"kokoro", "kitten_tts", "csm", "dia", "outetts", "spark", "marvis", "qwen3_tts", "sesame",
                    "chatterbox", "bark", "vibevoice"}
+_DECISION_CHECKPOINTS = {"clef", "decider2"}  # mlx-vlm architectures with their own decision head
 _ENCODERS = {"bert", "roberta", "xlm-roberta", "modernbert", "nomic_bert", "distilbert", "mpnet"}
 _VISION_KEYS = ("vision_config", "image_token_id", "image_token_index", "vision_tower")
 
@@ -31,6 +34,8 @@ def kind_from_config(config: dict[str, Any], files: set[str] = frozenset()) -> s
         return SPEECH_TO_TEXT
     if model_type in _TEXT_TO_SPEECH:
         return TEXT_TO_SPEECH
+    if model_type in _DECISION_CHECKPOINTS:
+        return DECISION
     if any(key in config for key in _VISION_KEYS):
         return VISION
     if model_type in _ENCODERS or "modules.json" in files or "sentence_bert_config.json" in files:

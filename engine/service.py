@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from swama.engine import aliases
+from swama.engine.checkpoints import CheckpointResult, predict
 from swama.engine.decide import DecisionJob, DecisionResult, DecisionRun
 from swama.engine.errors import Cancelled, EngineError
 from swama.engine.generator import ChatRequest, Event, generate
@@ -147,6 +148,15 @@ class Engine:
         except ModelNotInstalled:
             raise EngineError(404, "The model is not available locally.", "model_not_found") from None
         yield run.result()
+
+    async def predict_checkpoint(self, model_id: str, state: Any, questions: dict[str, dict[str, Any]],
+                                 images: list[Any]) -> CheckpointResult:
+        """Answer System One questions on a decision checkpoint (kind "decision"), in one turn."""
+        try:
+            async with self.pool.use(model_id) as model:
+                return await _in_thread(lambda: predict(model.checkpoint, state, questions, images))
+        except ModelNotInstalled:
+            raise EngineError(404, "The model is not available locally.", "model_not_found") from None
 
     async def close(self) -> None:
         await self.pool.close()

@@ -2886,6 +2886,7 @@ class ModelIdsResponses(RootModel[ModelIdsShared | ModelIdsResponsesModelIdsResp
 class ModelKind(StrEnum):
     language = "language"
     vision = "vision"
+    decision = "decision"
     embedding = "embedding"
     speech_to_text = "speech-to-text"
     text_to_speech = "text-to-speech"

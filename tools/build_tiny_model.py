@@ -177,6 +177,34 @@ VISION_ARCHS: dict[str, dict[str, Any]] = {
     },
 }
 
+def _untied(config: dict[str, Any]) -> dict[str, Any]:
+    """Clef's head reads the option words through the output embedding, so it has its own."""
+    config["text_config"] = {**config["text_config"], "tie_word_embeddings": False}
+    config["tie_word_embeddings"] = False
+    return config
+
+
+# Decision checkpoints (mlx-vlm): Clef is the Qwen3.5 vision model above with a joint schema head
+# that scores every question from one prefill; PPLX-Decider 2 is the Qwen3.5 text stack that answers
+# with option codes at a calibrated temperature.
+VISION_ARCHS["clef"] = {
+    **VISION_ARCHS["qwen3_5_vl"],
+    "config": lambda t: _untied({
+        **VISION_ARCHS["qwen3_5_vl"]["config"](t), "model_type": "clef", "architectures": ["ClefModel"],
+        "head_config": {"hidden_size": 64, "width": 32, "routing_layers": 1, "layers": 1, "heads": 2,
+                        "feedforward": 64}}),
+}
+VISION_ARCHS["decider2"] = {
+    "special_tokens": [],
+    "config": lambda t: {
+        **{k: v for k, v in TINY_CONFIGS["qwen3_5"].items() if k != "architectures"},
+        "model_type": "decider2", "architectures": ["Decider2Model"], "vocab_size": t["vocab_size"],
+        "rope_parameters": {"type": "default", "mrope_section": [1, 1, 0], "rope_theta": 100000,
+                            "partial_rotary_factor": 0.25},
+        "decision_config": {"temperature": 1.25, "temperature_by_type": {"noul": 1.1}}},
+    "files": {}, "tokenizer_config": {}, "chat_template": VISION_ARCHS["qwen3_5_vl"]["chat_template"],
+}
+
 REQUIRED_DONOR_FILES = ("tokenizer.json", "tokenizer_config.json")
 OPTIONAL_DONOR_FILES = ("chat_template.jinja", "generation_config.json")
 
@@ -235,8 +263,9 @@ def _build_vision_model(donor_dir: Path, dest: Path, spec: dict[str, Any]) -> Pa
     config = spec["config"](token_ids)
 
     model_module, _ = get_model_and_args(config)
-    model_config = update_module_configs(model_module.ModelConfig.from_dict(config), model_module, config,
-                                         ["text", "vision"])
+    model_config = model_module.ModelConfig.from_dict(config)
+    if "text_config" in config:
+        model_config = update_module_configs(model_config, model_module, config, ["text", "vision"])
     mx.random.seed(0)
     model = model_module.Model(model_config)
 

@@ -26,7 +26,8 @@ class ScoredAnswer:
 
     ``choice_index`` is the first option with the highest probability. ``score`` is set for score
     questions only and ``confidence`` for choice and score questions only. ``mass`` is the labels'
-    probability against the full vocabulary.
+    probability against the full vocabulary (None from a decision checkpoint, whose head scores only
+    the answers).
     """
 
     kind: QuestionKind
@@ -34,7 +35,7 @@ class ScoredAnswer:
     choice_index: int
     score: float | None
     confidence: float | None
-    mass: float
+    mass: float | None
 
     @property
     def p_yes(self) -> float:
