@@ -34,9 +34,21 @@ def _schema_error(exc: pydantic.ValidationError, data: Any) -> Exception:
     return systemone_schema_error(exc, data)
 
 
+def refuse_nulls(data: dict[str, Any]) -> None:
+    """The generated models take null for every optional field; the cards make none nullable."""
+    if "images" in data and data["images"] is None:
+        raise refuse("images must be an array.")
+    questions = data.get("questions")
+    for question in questions.values() if isinstance(questions, dict) else ():
+        if isinstance(question, dict) and question.get("type") == "noul" and \
+                "criteria" in question and question["criteria"] is None:
+            raise refuse("noul criteria must be an object.")
+
+
 WORKERS_AI_RULES = RouteRules(
     bad_json=SYSTEMONE_RULES.bad_json,
     not_object=SYSTEMONE_RULES.not_object,
+    before_model=refuse_nulls,
     schema_error=_schema_error,
     handled=frozenset({"model", "state", "questions", "images"}),
 )

@@ -134,6 +134,8 @@ def test_bad_requests_get_cloudflare_errors(model_server: LiveServer) -> None:
         "model must be clef or clef-flash."
     assert "state" in refusal(post(model_server, RUN + "clef", {"model": "clef", "questions": QUESTIONS}),
                               400, 5006)
+    assert refusal(post(model_server, RUN + "clef", {**REQUEST, "images": None}), 400, 5006) == \
+        "images must be an array."
     too_many = {f"q{i}": QUESTIONS["refund"] for i in range(65)}
     assert refusal(post(model_server, RUN + "clef", {**REQUEST, "questions": too_many}), 400, 5006) == \
         "A request accepts at most 64 questions."
