@@ -15,15 +15,15 @@ from swama.generated.systemone_models import SystemOneRequest
 from swama.generated.workers_ai_models import WorkersAiClefFlashRequest, WorkersAiClefRequest
 from swama.handlers.decision_rules import faults, refuse
 from swama.handlers.dispatch import Call, RouteRules, route
+from swama.handlers.errors import ApiError
 from swama.handlers.systemone import answer, server_default_model
 from swama.handlers.systemone_wire import SYSTEMONE_RULES
-from swama.handlers.systemone_wire import schema_error as systemone_schema_error
 
 ClefRequest = WorkersAiClefRequest | WorkersAiClefFlashRequest
 MAX_QUESTIONS = WorkersAiClefRequest.model_json_schema()["properties"]["questions"]["maxProperties"]
 
 
-def _schema_error(exc: pydantic.ValidationError, data: Any) -> Exception:
+def _schema_error(exc: pydantic.ValidationError, data: Any) -> ApiError:
     """System One's wording, except for what the cards narrow: the model names and the question count."""
     found = faults(exc, data)
     if any(f.path == ("model",) for f in found):
@@ -31,7 +31,7 @@ def _schema_error(exc: pydantic.ValidationError, data: Any) -> Exception:
     questions = data.get("questions")
     if isinstance(questions, dict) and len(questions) > MAX_QUESTIONS:
         return refuse(f"A request accepts at most {MAX_QUESTIONS} questions.")
-    return systemone_schema_error(exc, data)
+    return SYSTEMONE_RULES.schema_error(exc, data)
 
 
 def refuse_nulls(data: dict[str, Any]) -> None:

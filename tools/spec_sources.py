@@ -98,7 +98,7 @@ WORKERS_AI = Source(
     repo="cloudflare/cloudflare-docs",
     path="src/content/workers-ai-models/clef.json, clef-flash.json",
     commit="0ae61c0b72577c69ed32bf7867d2e478cee255d0",
-    commit_date="2026-09-29",
+    commit_date="unknown: the cards say created_at 2026-09-29; collected 2026-11-30",
     operations=(
         Operation("post", "@cf/cloudflare/clef", "/client/v4" + _RUN + "clef", "workers_ai:run_clef",
                   operation_id="runClef"),
