@@ -149,6 +149,10 @@ def test_bad_requests_get_cloudflare_errors(model_server: LiveServer) -> None:
 
 
 def test_unknown_routes_and_models_under_client_v4(model_server: LiveServer) -> None:
+    paths = httpx.get(model_server.url + "/openapi.json", timeout=30).json()["paths"]
+    for prefix in ("/client/v4", ""):
+        for model in ("clef", "clef-flash"):
+            assert "post" in paths[f"{prefix}/accounts/{{account_id}}/ai/run/@cf/cloudflare/{model}"]
     assert "@cf/meta/llama-3-8b-instruct" in refusal(
         post(model_server, "/client/v4/accounts/local/ai/run/@cf/meta/llama-3-8b-instruct", REQUEST), 404, 5007)
     assert refusal(post(model_server, "/client/v4/accounts/local/ai/models/search", {}), 404, 7000)
