@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from swama.generated import decisions_models, openai_models, systemone_models
+from swama.generated import decisions_models, openai_models, systemone_models, workers_ai_models
 from swama.handlers.dispatch import Operation, dispatch
 
 router = APIRouter()
@@ -100,6 +100,50 @@ OPERATIONS: dict[str, Operation] = {
         response_model=systemone_models.SystemOneResponse,
         error_model=systemone_models.SystemOneErrorResponse,
     ),
+    'runClef': Operation(
+        operation_id='runClef',
+        method='POST',
+        path='/client/v4/accounts/{account_id}/ai/run/@cf/cloudflare/clef',
+        family='workers_ai',
+        handler='workers_ai:run_clef',
+        media_type='application/json',
+        request_model=workers_ai_models.WorkersAiClefRequest,
+        response_model=workers_ai_models.WorkersAiClefResponse,
+        error_model=workers_ai_models.WorkersAiErrorResponse,
+    ),
+    'runClefFlash': Operation(
+        operation_id='runClefFlash',
+        method='POST',
+        path='/client/v4/accounts/{account_id}/ai/run/@cf/cloudflare/clef-flash',
+        family='workers_ai',
+        handler='workers_ai:run_clef',
+        media_type='application/json',
+        request_model=workers_ai_models.WorkersAiClefFlashRequest,
+        response_model=workers_ai_models.WorkersAiClefFlashResponse,
+        error_model=workers_ai_models.WorkersAiErrorResponse,
+    ),
+    'runClefUnprefixed': Operation(
+        operation_id='runClefUnprefixed',
+        method='POST',
+        path='/accounts/{account_id}/ai/run/@cf/cloudflare/clef',
+        family='workers_ai',
+        handler='workers_ai:run_clef',
+        media_type='application/json',
+        request_model=workers_ai_models.WorkersAiClefRequest,
+        response_model=workers_ai_models.WorkersAiClefResponse,
+        error_model=workers_ai_models.WorkersAiErrorResponse,
+    ),
+    'runClefFlashUnprefixed': Operation(
+        operation_id='runClefFlashUnprefixed',
+        method='POST',
+        path='/accounts/{account_id}/ai/run/@cf/cloudflare/clef-flash',
+        family='workers_ai',
+        handler='workers_ai:run_clef',
+        media_type='application/json',
+        request_model=workers_ai_models.WorkersAiClefFlashRequest,
+        response_model=workers_ai_models.WorkersAiClefFlashResponse,
+        error_model=workers_ai_models.WorkersAiErrorResponse,
+    ),
 }
 
 
@@ -141,3 +185,23 @@ async def create_decision(request: Request) -> Response:
 @router.post('/v1/systemone', operation_id='createSystemOne')
 async def create_system_one(request: Request) -> Response:
     return await dispatch(OPERATIONS['createSystemOne'], request)
+
+
+@router.post('/client/v4/accounts/{account_id}/ai/run/@cf/cloudflare/clef', operation_id='runClef')
+async def run_clef(request: Request) -> Response:
+    return await dispatch(OPERATIONS['runClef'], request)
+
+
+@router.post('/client/v4/accounts/{account_id}/ai/run/@cf/cloudflare/clef-flash', operation_id='runClefFlash')
+async def run_clef_flash(request: Request) -> Response:
+    return await dispatch(OPERATIONS['runClefFlash'], request)
+
+
+@router.post('/accounts/{account_id}/ai/run/@cf/cloudflare/clef', operation_id='runClefUnprefixed')
+async def run_clef_unprefixed(request: Request) -> Response:
+    return await dispatch(OPERATIONS['runClefUnprefixed'], request)
+
+
+@router.post('/accounts/{account_id}/ai/run/@cf/cloudflare/clef-flash', operation_id='runClefFlashUnprefixed')
+async def run_clef_flash_unprefixed(request: Request) -> Response:
+    return await dispatch(OPERATIONS['runClefFlashUnprefixed'], request)

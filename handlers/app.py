@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import re
 from collections.abc import AsyncIterator
 from importlib import resources
 from typing import Any
@@ -20,7 +21,7 @@ from swama.handlers.errors import ApiError, error_body
 from swama.handlers.settings import Settings
 from swama.handlers.version import package_version
 
-SPEC_FILES = ("openai.yaml", "decisions.yaml", "systemone.yaml")
+SPEC_FILES = ("openai.yaml", "decisions.yaml", "systemone.yaml", "workers_ai.yaml")
 
 
 @functools.cache
@@ -46,10 +47,18 @@ def merged_spec() -> dict[str, Any]:
 
 
 def _family_for(path: str) -> str:
+    if path.startswith(("/client/v4/", "/accounts/")):
+        return "workers_ai"  # Cloudflare's API space: its envelope, whatever the route
     for op in OPERATIONS.values():
         if op.path == path:
             return op.family if op.family in ("decisions", "systemone") else "openai"
     return "openai"
+
+
+def _workers_ai_model(path: str) -> str | None:
+    """The model a Workers AI run path names (`.../accounts/ID/ai/run/@cf/meta/llama` -> `@cf/meta/llama`)."""
+    match = re.fullmatch(r"(?:/client/v4)?/accounts/[^/]+/ai/run/(.+)", path)
+    return match.group(1) if match else None
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -83,14 +92,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                        f"by response id ({request.method} {path}).")
             err = ApiError(404, message, code="not_found")
             return JSONResponse(error_body("openai", err), status_code=404)
+        family = _family_for(path)
+        code = "not_found" if exc.status_code == 404 else None
+        if exc.status_code == 405 and family == "workers_ai":
+            code = "method_not_allowed"
         if exc.status_code == 405:
             message = f"{request.method} is not allowed on {request.url.path}."
+        elif exc.status_code == 404 and (model := _workers_ai_model(path)):
+            message, code = f"No such model {model} or task.", "model_not_found"
         elif exc.status_code == 404:
             message = f"Unknown route: {request.method} {request.url.path}."
         else:
             message = str(exc.detail)
-        err = ApiError(exc.status_code, message, code="not_found" if exc.status_code == 404 else None)
-        return JSONResponse(error_body(_family_for(request.url.path), err), status_code=exc.status_code,
+        err = ApiError(exc.status_code, message, code=code)
+        return JSONResponse(error_body(family, err), status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))
 
     return app

@@ -42,13 +42,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.no_decision_prefix_cache:
         settings.decision_prefix_reuse = False
     settings.default_model = args.model
-    if args.model:
+    settings.clef_model = args.clef_model
+    for name in filter(None, (args.model, args.clef_model)):
         from swama.engine.sources import pull
         from swama.engine.store import ModelStore
 
         store = ModelStore(settings.models_root)
-        if store.find(args.model) is None:
-            pull(store, args.model)  # at start-up only; requests never download
+        if store.find(name) is None:
+            pull(store, name)  # at start-up only; requests never download
     if _exposed(settings.host):
         print(f"warning: binding {settings.host} exposes the API to other machines on the network"
               + ("" if settings.api_key else "; consider --api-key"), file=sys.stderr)
@@ -147,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("model", nargs="?", default=None,
                        help="a default model: installed first if missing, and used for clients that name "
                             "none of ours (e.g. System One's jev-latest)")
+    serve.add_argument("--clef-model", default=None, metavar="NAME",
+                       help="the local model that answers Cloudflare's @cf/cloudflare/clef and clef-flash "
+                            "(default: the server's model, as for System One's jev-latest)")
     serve.add_argument("--context-limit", "--num-ctx", type=int, default=None,
                        help="default context limit in tokens (default 16384, env SWAMA_CONTEXT_LIMIT)")
     serve.add_argument("--max-tokens", type=int, default=None,

@@ -44,6 +44,12 @@ BODY_LIMITS = {"/v1/systemone": 13 * MiB, "/v1/audio/transcriptions": 101 * MiB}
 DEFAULT_BODY_LIMIT = 64 * MiB
 TOO_LARGE = {"/v1/systemone": "The request body is larger than 13 MiB.",
              "/v1/audio/transcriptions": "File size exceeds 100MB limit"}
+# The Clef cards cap the whole request body at 13 MiB, as /v1/systemone does.
+CLEF_RUN = "/ai/run/@cf/cloudflare/"
+
+
+def _limit_key(path: str) -> str:
+    return "/v1/systemone" if CLEF_RUN in path else path
 
 
 @dataclass(frozen=True)
@@ -51,7 +57,7 @@ class Operation:
     operation_id: str
     method: str
     path: str
-    family: str  # "openai" | "decisions" | "systemone": picks the error envelope
+    family: str  # "openai" | "decisions" | "systemone" | "workers_ai": picks the error envelope
     handler: str
     media_type: str | None
     request_model: type[pydantic.BaseModel] | None
@@ -60,7 +66,7 @@ class Operation:
 
     @property
     def error_family(self) -> str:
-        return self.family if self.family in ("decisions", "systemone") else "openai"
+        return self.family if self.family in ("decisions", "systemone", "workers_ai") else "openai"
 
 
 def _malformed_json(error: StrictJSONError | None) -> ApiError:
@@ -252,6 +258,7 @@ def _decode(body: bytes, encoding: str) -> bytes:
 
 
 async def read_body(request: Request, path: str) -> bytes:
+    path = _limit_key(path)
     limit = BODY_LIMITS.get(path, DEFAULT_BODY_LIMIT)
     too_large = ApiError(413, TOO_LARGE.get(path, f"The request body is larger than {limit // MiB} MiB."),
                          code="request_too_large")

@@ -4,6 +4,8 @@
 - /v1/decisions:  {"error": {"message", "type"}}
 - /v1/systemone:  {"error": {"message", "type"}, "detail": {"error_type", "message"}}
   (the seed's envelope, plus System One's own so clients written for either read the message)
+- Workers AI (Clef): {"result": null, "success": false, "errors": [{"code", "message"}], "messages": []}
+  (Cloudflare's v4 envelope; `code` is Cloudflare's number for the kind of refusal)
 """
 
 from __future__ import annotations
@@ -46,7 +48,22 @@ def not_served(method: str, path: str) -> ApiError:
     return ApiError(501, f"{method} {path} is not implemented yet on this server.", code="not_implemented")
 
 
+# Cloudflare's API error numbers for the refusals these routes make.
+CLOUDFLARE_CODES = {"invalid_api_key": 10000, "model_not_found": 5007, "not_found": 7000,
+                    "method_not_allowed": 7001, "request_too_large": 3006}
+CLOUDFLARE_BAD_INPUT, CLOUDFLARE_INTERNAL = 5006, 3043
+
+
+def cloudflare_code(err: ApiError) -> int:
+    if err.code in CLOUDFLARE_CODES:
+        return CLOUDFLARE_CODES[err.code]
+    return CLOUDFLARE_INTERNAL if err.status >= 500 else CLOUDFLARE_BAD_INPUT
+
+
 def error_body(family: str, err: ApiError) -> dict[str, Any]:
+    if family == "workers_ai":
+        return {"result": None, "success": False,
+                "errors": [{"code": cloudflare_code(err), "message": err.message}], "messages": []}
     if family == "decisions":
         return {"error": {"message": err.message, "type": err.type}}
     if family == "systemone":

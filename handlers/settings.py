@@ -24,6 +24,7 @@ class Settings:
     context_limit: int = field(
         default_factory=lambda: int(os.environ.get("SWAMA_CONTEXT_LIMIT", DEFAULT_CONTEXT_LIMIT)))
     default_model: str | None = None  # the model `swama serve MODEL` was started with
+    clef_model: str | None = None  # what @cf/cloudflare/clef and clef-flash mean (None: default_model)
     # A cap for generations that set no max_tokens / max_output_tokens (None: up to the context limit).
     default_max_tokens: int | None = field(
         default_factory=lambda: int(os.environ["SWAMA_MAX_TOKENS"]) if os.environ.get("SWAMA_MAX_TOKENS") else None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import Response
@@ -54,9 +55,16 @@ def answering_model(call: Call, name: str) -> InstalledModel:
 
 @route(SYSTEMONE_RULES)
 async def create_system_one(call: Call, request: SystemOneRequest) -> Response:
+    body = await answer(call, request, lambda: answering_model(call, request.model))
+    return Response(body, media_type="application/json")
+
+
+async def answer(call: Call, request: SystemOneRequest, model_of: Callable[[], InstalledModel]) -> bytes:
+    """The System One answer body for `request`, by the model `model_of` names: the one decision path
+    every System One shaped route (this one, Workers AI's Clef) takes, checks in the route's order."""
     questions = questions_of(request)
     check_questions(questions)
-    model = answering_model(call, request.model)
+    model = model_of()
     images = images_of(request)  # `"images": []` is the same as no field
     if model.kind == DECISION:
         return await _on_checkpoint(call, request, model, questions, open_images(images))
@@ -64,16 +72,15 @@ async def create_system_one(call: Call, request: SystemOneRequest) -> Response:
     job = DecisionJob(render_text(request.state), [question_view(q) for _, q in questions],
                       context_limit=call.settings.context_limit, systemone=True, images=open_images(images))
     async for result in collect_or_cancel(call.request, call.engine.decide(model.id, job)):
-        answers = [(qid, q, answer) for (qid, q), answer in zip(questions, result.answers, strict=True)]
-        body = render_systemone_response(model.id, answers, result.input_tokens)
-        return Response(body, media_type="application/json")
+        answers = [(qid, q, scored) for (qid, q), scored in zip(questions, result.answers, strict=True)]
+        return render_systemone_response(model.id, answers, result.input_tokens)
     raise ApiError(499, "The client closed the request.", code="cancelled")
 
 
 async def _on_checkpoint(call: Call, request: SystemOneRequest, model: InstalledModel, questions: Questions,
-                         images: list[Any]) -> Response:
+                         images: list[Any]) -> bytes:
     """A decision checkpoint answers through its own head, from the questions as System One states them."""
     specs = {qid: q.model_dump(mode="json", exclude_none=True) for qid, q in questions}
     result = await call.engine.predict_checkpoint(model.id, request.state, specs, images)
-    answers = [(qid, q, answer) for (qid, q), answer in zip(questions, result.answers, strict=True)]
-    return Response(render_systemone_response(model.id, answers, result.input_tokens), media_type="application/json")
+    answers = [(qid, q, scored) for (qid, q), scored in zip(questions, result.answers, strict=True)]
+    return render_systemone_response(model.id, answers, result.input_tokens)

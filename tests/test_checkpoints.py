@@ -47,7 +47,7 @@ def checkpoint_server(tiny_checkpoint_dirs: dict[str, Path],
     root = tmp_path_factory.mktemp("checkpoint-store")
     install_folder(root, CLEF, tiny_checkpoint_dirs["clef"])
     install_folder(root, DECIDER, tiny_checkpoint_dirs["decider2"])
-    server = start_server(root, root.parent / "checkpoint-server.log")
+    server = start_server(root, root.parent / "checkpoint-server.log", "--clef-model", CLEF)
     yield server
     server.stop()
 
@@ -131,3 +131,16 @@ def test_other_routes_refuse_a_checkpoint_by_name(checkpoint_server: LiveServer)
     r = httpx.post(checkpoint_server.v1 + "/chat/completions", timeout=60, json={
         "model": DECIDER, "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 400 and f"'{DECIDER}' is a decision model" in json.dumps(r.json())
+
+
+def test_the_clef_route_answers_through_the_checkpoint(checkpoint_server: LiveServer) -> None:
+    """`--clef-model` names a Clef checkpoint: the Workers AI route answers through its head, in the
+    v4 envelope, exactly as /v1/systemone does."""
+    r = httpx.post(checkpoint_server.url + "/client/v4/accounts/local/ai/run/@cf/cloudflare/clef", timeout=120,
+                   headers={"Authorization": "Bearer local"},
+                   json={"model": "clef", "state": STATE, "questions": QUESTIONS, "images": [PNG]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert (body["success"], body["errors"], body["messages"]) == (True, [], [])
+    assert body["result"] == _systemone(checkpoint_server, CLEF, images=[PNG]).json()
+    assert body["result"]["model"] == CLEF

@@ -70,7 +70,8 @@ def test_bump_prints_the_schema_diff(bumped: tuple[Path, Path, str]) -> None:
     assert "~ schema DecisionCreateRequest" in out
     assert f"+ {NEW_FIELD}: string | null" in out
     assert f"- {REMOVED_FIELD}:" in out
-    assert "== openai.yaml: no schema changes" in out and "== systemone.yaml: no schema changes" in out
+    for name in ("openai.yaml", "systemone.yaml", "workers_ai.yaml"):
+        assert f"== {name}: no schema changes" in out
     for overlay in sorted((specs.SPECS / "overlays").glob("*.yaml")):
         if overlay.name == "decisions.yaml":
             assert "== overlays/decisions.yaml: unchanged since the last pin" in out
@@ -80,7 +81,8 @@ def test_bump_records_the_new_pin(bumped: tuple[Path, Path, str]) -> None:
     trial_specs, _, _ = bumped
     old = {p["document"]: p for p in json.loads((specs.SPECS / "pins.json").read_text())}
     new = {p["document"]: p for p in json.loads((trial_specs / "pins.json").read_text())}
-    assert new["openai.yaml"] == old["openai.yaml"] and new["systemone.yaml"] == old["systemone.yaml"]
+    for name in ("openai.yaml", "systemone.yaml", "workers_ai.yaml"):
+        assert new[name] == old[name]
     assert new["decisions.yaml"]["upstream_sha256"] != old["decisions.yaml"]["upstream_sha256"]
     assert new["decisions.yaml"]["sha256"] != old["decisions.yaml"]["sha256"]
     assert (trial_specs / "decisions.yaml").read_text() != (specs.SPECS / "decisions.yaml").read_text()

@@ -16,6 +16,8 @@ from swama.tools.specs import GENERATED, SPECS
 SERVED = {
     "GET /v1/models", "POST /v1/chat/completions", "POST /v1/responses", "POST /v1/embeddings",
     "POST /v1/audio/transcriptions", "POST /v1/audio/speech", "POST /v1/decisions", "POST /v1/systemone",
+    *(f"POST {prefix}/accounts/{{account_id}}/ai/run/@cf/cloudflare/{model}"
+      for prefix in ("/client/v4", "") for model in ("clef", "clef-flash")),
 }
 
 
@@ -58,7 +60,7 @@ def test_pins_record_every_document() -> None:
 
 
 def test_pinned_specs_carry_no_upstream_prose() -> None:
-    for name in ("openai.yaml", "decisions.yaml", "systemone.yaml"):
+    for name in codegen.DOCUMENTS.values():
         text = (SPECS / name).read_text()
         assert "x-oaiMeta" not in text and "x-stainless" not in text
         doc = yaml.safe_load(text)
@@ -84,6 +86,32 @@ def test_systemone_extensions_are_marked() -> None:
     assert request["chat_template_kwargs"]["x-swama-extension"] == "sglang"
     for answer in ("SystemOneNoulAnswer", "SystemOneChoiceAnswer", "SystemOneScoreAnswer"):
         assert schemas[answer]["properties"]["x_label_mass"]["x-swama-extension"] == "sglang"
+
+
+def test_workers_ai_document_comes_from_both_cards() -> None:
+    pins = {p["document"]: p for p in json.loads((SPECS / "pins.json").read_text())}
+    pin = pins["workers_ai.yaml"]
+    assert pin["upstream_repo"] == "cloudflare/cloudflare-docs"
+    assert pin["upstream_commit"] == "0ae61c0b72577c69ed32bf7867d2e478cee255d0"
+    assert pin["upstream_sha256"] != pin["clef_flash_sha256"]
+    doc = yaml.safe_load((SPECS / "workers_ai.yaml").read_text())
+    schemas = doc["components"]["schemas"]
+    for card in ("Clef", "ClefFlash"):
+        request = schemas[f"WorkersAi{card}Request"]
+        assert request["required"] == ["model", "state", "questions"]
+        assert request["properties"]["questions"]["maxProperties"] == 64
+        assert request["properties"]["images"]["maxItems"] == 4
+        assert set(schemas[f"WorkersAi{card}Question"]["discriminator"]["mapping"]) == {"noul", "choice", "score"}
+        envelope = schemas[f"WorkersAi{card}Response"]
+        assert envelope["required"] == ["result", "success", "errors", "messages"]
+    assert schemas["WorkersAiErrorResponse"]["properties"]["result"] == {"type": "null"}
+
+
+def test_extract_needs_clef_beside_its_partners(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="need --clef"):
+        spec_extract.extract_all(tmp_path, clef_flash=tmp_path / "clef-flash.json")
+    with pytest.raises(ValueError, match="give at least one"):
+        spec_extract.extract_all(tmp_path, clef=tmp_path / "clef.json")
 
 
 UPSTREAM = {

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from swama.tools import spec_overlay
-from swama.tools.spec_sources import DECISIONS, OPENAI, SYSTEMONE, Source
+from swama.tools.spec_sources import DECISIONS, OPENAI, SYSTEMONE, WORKERS_AI, Source
 
 # Keys that carry prose or vendor metadata rather than structure.
 PROSE_KEYS = {"description", "summary", "example", "examples", "externalDocs", "tags", "x-oaiMeta",
@@ -324,6 +324,88 @@ def extract_systemone(upstream: Path, clef: Path) -> dict[str, Any]:
     return _finish(SYSTEMONE, out)
 
 
+def _camel(text: str) -> str:
+    return "".join(part[:1].upper() + part[1:] for part in re.split(r"[^A-Za-z0-9]+", text) if part)
+
+
+def _hoist_union(schemas: dict[str, Any], node: dict[str, Any], union: str, suffix: str) -> dict[str, str]:
+    """Name a card's inline oneOf of titled, `type`-tagged objects: each member becomes a component,
+    the union a discriminated one, so the generator makes one class per member and the tag picks it."""
+    card = union.removesuffix(suffix)
+    mapping = {}
+    for member in node.pop("oneOf"):
+        (tag,) = member["properties"]["type"]["enum"]
+        name = card + _camel(member["title"].removesuffix(suffix.lower()).strip()) + suffix
+        schemas[name] = member
+        mapping[tag] = f"#/components/schemas/{name}"
+    schemas[union] = {"oneOf": [{"$ref": ref} for ref in mapping.values()],
+                      "discriminator": {"propertyName": "type", "mapping": mapping}}
+    node["$ref"] = f"#/components/schemas/{union}"
+    return mapping
+
+
+def _card_components(card: dict[str, Any], name: str) -> dict[str, Any]:
+    """A Workers AI model card's request and answer schemas as OpenAPI components named after it."""
+    schemas: dict[str, Any] = {}
+    request, result = copy.deepcopy(card["schema"]["input"]), copy.deepcopy(card["schema"]["output"])
+    result.pop("contentType", None)
+    _hoist_union(schemas, request["properties"]["questions"]["additionalProperties"], f"{name}Question",
+                 "Question")
+    _hoist_union(schemas, result["properties"]["answers"]["additionalProperties"], f"{name}Answer", "Answer")
+    schemas[f"{name}Request"] = request
+    schemas[f"{name}Result"] = result
+    schemas[f"{name}Response"] = {
+        "type": "object", "required": ["result", "success", "errors", "messages"],
+        "properties": {
+            "result": {"$ref": f"#/components/schemas/{name}Result"},
+            "success": {"const": True},
+            "errors": {"type": "array", "maxItems": 0, "items": {"$ref": "#/components/schemas/Message"}},
+            "messages": {"type": "array", "items": {"$ref": "#/components/schemas/Message"}},
+        },
+    }
+    return schemas
+
+
+# Cloudflare's v4 envelope: every answer says success, errors and messages; a refusal has no result.
+V4_MESSAGE = {"type": "object", "required": ["code", "message"],
+              "properties": {"code": {"type": "integer"}, "message": {"type": "string"}}}
+V4_ERROR = {
+    "type": "object", "required": ["result", "success", "errors", "messages"],
+    "properties": {
+        "result": {"type": "null"},
+        "success": {"const": False},
+        "errors": {"type": "array", "minItems": 1, "items": {"$ref": "#/components/schemas/Message"}},
+        "messages": {"type": "array", "items": {"$ref": "#/components/schemas/Message"}},
+    },
+}
+
+
+def extract_workers_ai(clef: Path, clef_flash: Path) -> dict[str, Any]:
+    cards = {"@cf/cloudflare/clef": load_document(clef), "@cf/cloudflare/clef-flash": load_document(clef_flash)}
+    schemas: dict[str, Any] = {"Message": V4_MESSAGE, "ErrorResponse": V4_ERROR}
+    paths: dict[str, Any] = {}
+    for op in WORKERS_AI.operations:
+        card = cards[op.upstream_path]
+        if card["name"] != op.upstream_path:
+            raise ValueError(f"the card for {op.upstream_path} names itself {card['name']!r}")
+        name = _camel(card["name"].rsplit("/", 1)[-1])
+        schemas.update(_card_components(card, name))
+        ok = {"200": {"content": {"application/json": {"schema": {
+            "$ref": f"#/components/schemas/{name}Response"}}}}}
+        statuses = {k: v for k, v in ERROR_STATUSES.items() if k != "501"}
+        paths[op.path] = {"post": {
+            "operationId": op.operation_id,
+            "parameters": [{"name": "account_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+            "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                "$ref": f"#/components/schemas/{name}Request"}}}},
+            "responses": {**ok, **_error_responses(op.error_schema, statuses)},
+            HANDLER: op.handler,
+        }}
+    out = _document(WORKERS_AI, paths, {"schemas": dict(sorted(schemas.items()))},
+                    "swama: Cloudflare Workers AI (Clef)", WORKERS_AI.commit[:8])
+    return _finish(WORKERS_AI, out)
+
+
 def pin_record(source: Source, upstream: Path, produced: Path, extra: dict[str, Path]) -> dict[str, Any]:
     record: dict[str, Any] = {
         "document": source.doc,
@@ -348,11 +430,15 @@ def dump_yaml(doc: dict[str, Any]) -> str:
 
 
 def extract_all(specs_dir: Path, openai: Path | None = None, decisions: Path | None = None,
-                systemone: Path | None = None, clef: Path | None = None) -> list[dict]:
+                systemone: Path | None = None, clef: Path | None = None,
+                clef_flash: Path | None = None) -> list[dict]:
     """Write specs/*.yaml and specs/pins.json from the upstream files given; a document whose upstream
     file is not given keeps its pinned text and pin record. Returns the pin records."""
-    if (systemone is None) != (clef is None):
-        raise ValueError("the System One document is built from --systemone and --clef together")
+    if clef is None and (systemone is not None or clef_flash is not None):
+        raise ValueError("the System One and Workers AI documents need --clef (clef.json)")
+    if clef is not None and systemone is None and clef_flash is None:
+        raise ValueError("--clef feeds the System One document (with --systemone) and the Workers AI "
+                         "one (with --clef-flash): give at least one of them")
     specs_dir.mkdir(parents=True, exist_ok=True)
     pins_path = specs_dir / "pins.json"
     old_pins = {p["document"]: p for p in json.loads(pins_path.read_text())} if pins_path.exists() else {}
@@ -360,6 +446,7 @@ def extract_all(specs_dir: Path, openai: Path | None = None, decisions: Path | N
         (OPENAI, openai, lambda: extract_openai(openai), {}),
         (DECISIONS, decisions, lambda: extract_decisions(decisions), {}),
         (SYSTEMONE, systemone, lambda: extract_systemone(systemone, clef), {"clef": clef}),
+        (WORKERS_AI, clef_flash, lambda: extract_workers_ai(clef, clef_flash), {"clef_flash": clef_flash}),
     ]
     pins = []
     for source, upstream, build, extra in jobs:
@@ -375,7 +462,8 @@ def extract_all(specs_dir: Path, openai: Path | None = None, decisions: Path | N
             print(f"overlays/{source.doc}: {note}")
         add_discriminator_mappings(doc["components"]["schemas"])  # for unions the overlay added
         target.write_text(dump_yaml(doc), encoding="utf-8")
-        record = pin_record(source, upstream, target, extra)
+        # The Workers AI document's first upstream file is clef.json; clef-flash.json is its extra.
+        record = pin_record(source, clef if source is WORKERS_AI else upstream, target, extra)
         if overlay.exists():
             record["overlay"] = f"overlays/{source.doc}"
             record["overlay_sha256"] = sha256_of(overlay)

@@ -88,4 +88,35 @@ SYSTEMONE = Source(
     extra_inputs=("clef",),
 )
 
-SOURCES = {"openai": OPENAI, "decisions": DECISIONS, "systemone": SYSTEMONE}
+# Cloudflare serves Clef under the v4 API; the same paths without the `/client/v4` prefix let a client
+# whose base URL is just the server's address reach it too.
+_RUN = "/accounts/{account_id}/ai/run/@cf/cloudflare/"
+WORKERS_AI_CARDS = {"clef": "clef.json", "clef_flash": "clef-flash.json"}  # card key -> upstream file
+
+WORKERS_AI = Source(
+    doc="workers_ai.yaml",
+    repo="cloudflare/cloudflare-docs",
+    path="src/content/workers-ai-models/clef.json, clef-flash.json",
+    commit="0ae61c0b72577c69ed32bf7867d2e478cee255d0",
+    commit_date="unknown: the cards say created_at 2026-09-29; collected 2026-11-30",
+    operations=(
+        Operation("post", "@cf/cloudflare/clef", "/client/v4" + _RUN + "clef", "workers_ai:run_clef",
+                  operation_id="runClef"),
+        Operation("post", "@cf/cloudflare/clef-flash", "/client/v4" + _RUN + "clef-flash",
+                  "workers_ai:run_clef", operation_id="runClefFlash"),
+        Operation("post", "@cf/cloudflare/clef", _RUN + "clef", "workers_ai:run_clef",
+                  operation_id="runClefUnprefixed"),
+        Operation("post", "@cf/cloudflare/clef-flash", _RUN + "clef-flash", "workers_ai:run_clef",
+                  operation_id="runClefFlashUnprefixed"),
+    ),
+    component_prefix="WorkersAi",
+    note=(
+        "Built from the two Workers AI model cards (schema.input / schema.output are JSON Schemas); "
+        "upstream_sha256 is clef.json's, clef_flash_sha256 clef-flash.json's. Answers come in "
+        "Cloudflare's v4 envelope {result, success, errors, messages}; refusals set result null, "
+        "success false and errors [{code, message}]."
+    ),
+    extra_inputs=("clef_flash",),
+)
+
+SOURCES = {"openai": OPENAI, "decisions": DECISIONS, "systemone": SYSTEMONE, "clef_flash": WORKERS_AI}

@@ -1,6 +1,6 @@
 """The spec pipeline's command line.
 
-    python -m swama.tools.specs extract  [--openai F] [--decisions F] [--systemone F --clef F]
+    python -m swama.tools.specs extract  [--openai F] [--decisions F] [--systemone F] [--clef F [--clef-flash F]]
     python -m swama.tools.specs generate            # specs/ -> generated/
     python -m swama.tools.specs check               # exit 1 when generated/ is stale or hand-edited
     python -m swama.tools.specs diff OLD_DIR [NEW_DIR]
@@ -31,13 +31,18 @@ def _add_upstream_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--openai", type=Path, help="openai/openai-openapi openapi.yaml")
     parser.add_argument("--decisions", type=Path, help="the Decisions API document")
     parser.add_argument("--systemone", type=Path, help="System One openapi.json (with --clef)")
-    parser.add_argument("--clef", type=Path, help="Cloudflare Clef model card, clef.json (with --systemone)")
+    parser.add_argument("--clef", type=Path,
+                        help="Cloudflare Clef model card, clef.json (with --systemone and/or --clef-flash)")
+    parser.add_argument("--clef-flash", type=Path,
+                        help="Cloudflare Clef-flash model card, clef-flash.json (with --clef): the Workers AI routes")
 
 
 def _extract(args: argparse.Namespace, specs_dir: Path) -> None:
-    given = {"openai": args.openai, "decisions": args.decisions, "systemone": args.systemone, "clef": args.clef}
+    given = {"openai": args.openai, "decisions": args.decisions, "systemone": args.systemone, "clef": args.clef,
+             "clef_flash": args.clef_flash}
     if not any(given.values()):
-        raise SystemExit("give at least one upstream file (--openai, --decisions, --systemone with --clef)")
+        raise SystemExit("give at least one upstream file (--openai, --decisions, --systemone with --clef, "
+                         "--clef with --clef-flash)")
     pins = spec_extract.extract_all(specs_dir, **given)
     names = {s.doc for key, s in SOURCES.items() if given[key]}
     for pin in pins:
