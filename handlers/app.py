@@ -93,19 +93,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             err = ApiError(404, message, code="not_found")
             return JSONResponse(error_body("openai", err), status_code=404)
         family = _family_for(path)
+        status = exc.status_code
         code = "not_found" if exc.status_code == 404 else None
         if exc.status_code == 405 and family == "workers_ai":
             code = "method_not_allowed"
         if exc.status_code == 405:
             message = f"{request.method} is not allowed on {request.url.path}."
         elif exc.status_code == 404 and (model := _workers_ai_model(path)):
-            message, code = f"No such model {model} or task.", "model_not_found"
+            # Workers AI answers an unknown model with its "No such model" error, a 400.
+            message, code, status = f"No such model {model} or task.", "model_not_found", 400
         elif exc.status_code == 404:
             message = f"Unknown route: {request.method} {request.url.path}."
         else:
             message = str(exc.detail)
-        err = ApiError(exc.status_code, message, code=code)
-        return JSONResponse(error_body(family, err), status_code=exc.status_code,
+        err = ApiError(status, message, code=code)
+        return JSONResponse(error_body(family, err), status_code=status,
                             headers=getattr(exc, "headers", None))
 
     return app

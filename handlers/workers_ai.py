@@ -62,7 +62,8 @@ def clef_model(call: Call) -> InstalledModel:
         return found
     installed = ", ".join(m.id for m in call.engine.store.list()) or "none"
     wanted = f"the Clef model '{name}'" if name else "a model for Clef (start swama serve with one)"
-    raise EngineError(404, f"No such model: {wanted} is not available locally (installed: {installed}).",
+    # Workers AI's "No such model" (5007) is a 400.
+    raise EngineError(400, f"No such model: {wanted} is not available locally (installed: {installed}).",
                       "model_not_found")
 
 

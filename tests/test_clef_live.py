@@ -154,7 +154,7 @@ def test_unknown_routes_and_models_under_client_v4(model_server: LiveServer) -> 
         for model in ("clef", "clef-flash"):
             assert "post" in paths[f"{prefix}/accounts/{{account_id}}/ai/run/@cf/cloudflare/{model}"]
     assert "@cf/meta/llama-3-8b-instruct" in refusal(
-        post(model_server, "/client/v4/accounts/local/ai/run/@cf/meta/llama-3-8b-instruct", REQUEST), 404, 5007)
+        post(model_server, "/client/v4/accounts/local/ai/run/@cf/meta/llama-3-8b-instruct", REQUEST), 400, 5007)
     assert refusal(post(model_server, "/client/v4/accounts/local/ai/models/search", {}), 404, 7000)
     assert refusal(httpx.get(model_server.url + RUN + "clef", timeout=30), 405, 7001)
 
