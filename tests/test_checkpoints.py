@@ -111,15 +111,16 @@ def test_clef_reads_images_and_the_decider_does_not(checkpoint_server: LiveServe
         400, "This decision checkpoint reads text only; it does not take images.")
 
 
-def test_typesafe_sdk_on_a_checkpoint(checkpoint_server: LiveServer) -> None:
-    with TypeSafeClient(base_url=checkpoint_server.url, api_key="local", model=DECIDER, timeout=120,
+@pytest.mark.parametrize("model", [CLEF, DECIDER])
+def test_typesafe_sdk_on_a_checkpoint(checkpoint_server: LiveServer, model: str) -> None:
+    with TypeSafeClient(base_url=checkpoint_server.url, api_key="local", model=model, timeout=120,
                         retry=typesafe_sdk.RetryPolicy(max_retries=0)) as ts:
         result = ts.system_one(state=STATE, questions={
             "cat": Noul(instructions=QUESTIONS["cat"]["instructions"]),
             "room": Choice(instructions=QUESTIONS["room"]["instructions"], criteria=QUESTIONS["room"]["criteria"]),
             "light": Score(instructions=QUESTIONS["light"]["instructions"], criteria=QUESTIONS["light"]["criteria"]),
         })
-    assert result.raw_http_response.json()["answers"] == _systemone(checkpoint_server, DECIDER).json()["answers"]
+    assert result.raw_http_response.json()["answers"] == _systemone(checkpoint_server, model).json()["answers"]
 
 
 def test_other_routes_refuse_a_checkpoint_by_name(checkpoint_server: LiveServer) -> None:
@@ -133,14 +134,33 @@ def test_other_routes_refuse_a_checkpoint_by_name(checkpoint_server: LiveServer)
     assert r.status_code == 400 and f"'{DECIDER}' is a decision model" in json.dumps(r.json())
 
 
+def _clef_route(server: LiveServer, **extra: object) -> httpx.Response:
+    return httpx.post(server.url + "/client/v4/accounts/local/ai/run/@cf/cloudflare/clef", timeout=120,
+                      headers={"Authorization": "Bearer local"},
+                      json={"model": "clef", "state": STATE, "questions": QUESTIONS, **extra})
+
+
 def test_the_clef_route_answers_through_the_checkpoint(checkpoint_server: LiveServer) -> None:
     """`--clef-model` names a Clef checkpoint: the Workers AI route answers through its head, in the
     v4 envelope, exactly as /v1/systemone does."""
-    r = httpx.post(checkpoint_server.url + "/client/v4/accounts/local/ai/run/@cf/cloudflare/clef", timeout=120,
-                   headers={"Authorization": "Bearer local"},
-                   json={"model": "clef", "state": STATE, "questions": QUESTIONS, "images": [PNG]})
+    r = _clef_route(checkpoint_server, images=[PNG])
     assert r.status_code == 200, r.text
     body = r.json()
     assert (body["success"], body["errors"], body["messages"]) == (True, [], [])
     assert body["result"] == _systemone(checkpoint_server, CLEF, images=[PNG]).json()
     assert body["result"]["model"] == CLEF
+
+
+def test_the_clef_route_on_a_decider(tiny_checkpoint_dirs: dict[str, Path], tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    install_folder(root, DECIDER, tiny_checkpoint_dirs["decider2"])
+    server = start_server(root, tmp_path / "decider.log", "--clef-model", DECIDER)
+    try:
+        r = _clef_route(server)
+        assert r.status_code == 200, r.text
+        assert r.json()["result"] == _systemone(server, DECIDER).json()
+        refused = _clef_route(server, images=[PNG])
+        assert (refused.status_code, refused.json()["errors"]) == (400, [
+            {"code": 5006, "message": "This decision checkpoint reads text only; it does not take images."}])
+    finally:
+        server.stop()
