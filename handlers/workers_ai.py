@@ -77,8 +77,18 @@ def as_systemone(request: ClefRequest) -> SystemOneRequest:
         raise SYSTEMONE_RULES.schema_error(exc, data) from None
 
 
-@route(WORKERS_AI_RULES)
-async def run_clef(call: Call, request: ClefRequest) -> Response:
+async def _run(call: Call, request: ClefRequest) -> Response:
     body = await answer(call, as_systemone(request), lambda: clef_model(call))
     return Response(b'{"result":' + body + b',"success":true,"errors":[],"messages":[]}',
                     media_type="application/json")
+
+
+# One handler per card, each taking its own generated model; both answer the same way.
+@route(WORKERS_AI_RULES)
+async def run_clef(call: Call, request: WorkersAiClefRequest) -> Response:
+    return await _run(call, request)
+
+
+@route(WORKERS_AI_RULES)
+async def run_clef_flash(call: Call, request: WorkersAiClefFlashRequest) -> Response:
+    return await _run(call, request)
