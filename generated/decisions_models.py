@@ -51,7 +51,9 @@ class DecisionChoiceQuestion(BaseModel):
     )
     type: Literal["choice"]
     name: StrictStr | None = None
-    instructions: Annotated[StrictStr, Field(min_length=1, pattern="[^\\s\\x1c-\\x1f]")]
+    instructions: Annotated[
+        StrictStr, Field(min_length=1, pattern="[^\\s\\x1c-\\x1f\\x85]")
+    ]
     choices: Annotated[list[DecisionChoiceOption], Field(max_length=255, min_length=2)]
 
 
@@ -65,7 +67,8 @@ class DecisionCreateRequest(BaseModel):
     )
     input: StrictStr | list[DecisionInputMessage]
     model: Annotated[
-        StrictStr, Field(max_length=1048576, min_length=1, pattern="[^\\s\\x1c-\\x1f]")
+        StrictStr,
+        Field(max_length=1048576, min_length=1, pattern="[^\\s\\x1c-\\x1f\\x85]"),
     ]
     questions: Annotated[list[DecisionQuestion], Field(max_length=200, min_length=1)]
     safety_identifier: Annotated[StrictStr | None, Field(max_length=128)] = None
@@ -135,7 +138,9 @@ class DecisionPredicateQuestion(BaseModel):
     )
     type: Literal["predicate"]
     name: StrictStr | None = None
-    instructions: Annotated[StrictStr, Field(min_length=1, pattern="[^\\s\\x1c-\\x1f]")]
+    instructions: Annotated[
+        StrictStr, Field(min_length=1, pattern="[^\\s\\x1c-\\x1f\\x85]")
+    ]
 
 
 class DecisionRefusalAnswer(BaseModel):
@@ -169,7 +174,7 @@ class DecisionScoreLevel(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
     )
-    label: Annotated[StrictStr, Field(min_length=1, pattern="[^\\s\\x1c-\\x1f]")]
+    label: Annotated[StrictStr, Field(min_length=1, pattern="[^\\s\\x1c-\\x1f\\x85]")]
     description: StrictStr = ""
 
 
@@ -185,7 +190,9 @@ class DecisionScoreQuestion(BaseModel):
     )
     type: Literal["score"]
     name: StrictStr | None = None
-    instructions: Annotated[StrictStr, Field(min_length=1, pattern="[^\\s\\x1c-\\x1f]")]
+    instructions: Annotated[
+        StrictStr, Field(min_length=1, pattern="[^\\s\\x1c-\\x1f\\x85]")
+    ]
     levels: Annotated[list[DecisionScoreLevel], Field(max_length=10, min_length=2)]
 
 

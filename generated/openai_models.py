@@ -1144,7 +1144,7 @@ class CreateChatCompletionRequest(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
     )
-    model: Annotated[StrictStr, Field(min_length=1, pattern="[^\\s\\x1c-\\x1f]")]
+    model: Annotated[StrictStr, Field(min_length=1, pattern="[^\\s\\x1c-\\x1f\\x85]")]
     messages: Annotated[list[ChatCompletionRequestMessage], Field(min_length=1)]
     stream: StrictBool | None = None
     temperature: CreateChatCompletionRequestTemperature | None = None
@@ -1380,7 +1380,7 @@ class CreateResponse(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
     )
-    model: Annotated[StrictStr, Field(min_length=1, pattern="[^\\s\\x1c-\\x1f]")]
+    model: Annotated[StrictStr, Field(min_length=1, pattern="[^\\s\\x1c-\\x1f\\x85]")]
     input: CreateResponseInput | CreateResponseInput1
     instructions: StrictStr | None = None
     stream: StrictBool = False

@@ -94,7 +94,7 @@ class SystemOneObject(RootModel[dict[str, Any]]):
 class SystemOneRequest(BaseModel):
     state: Annotated[StrictStr | dict[str, Any] | list[Any], Field(title="State")]
     model: Annotated[
-        StrictStr, Field(min_length=1, pattern="[^\\s\\x1c-\\x1f]", title="Model")
+        StrictStr, Field(min_length=1, pattern="[^\\s\\x1c-\\x1f\\x85]", title="Model")
     ]
     questions: Annotated[
         dict[str, SystemOneQuestion], Field(min_length=1, title="Questions")
@@ -185,7 +185,7 @@ class SystemOneQuestion(
 
 
 class SystemOneText(RootModel[StrictStr]):
-    root: Annotated[StrictStr, Field(pattern="[^\\s\\x1c-\\x1f]")]
+    root: Annotated[StrictStr, Field(pattern="[^\\s\\x1c-\\x1f\\x85]")]
 
 
 class SystemOneUsage(BaseModel):

@@ -373,4 +373,4 @@ class WorkersAiObject(RootModel[dict[str, Any]]):
 
 
 class WorkersAiText(RootModel[StrictStr]):
-    root: Annotated[StrictStr, Field(pattern="[^\\s\\x1c-\\x1f]")]
+    root: Annotated[StrictStr, Field(pattern="[^\\s\\x1c-\\x1f\\x85]")]

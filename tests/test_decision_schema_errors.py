@@ -120,3 +120,16 @@ def test_a_length_comes_before_its_items(op: str, handler: Any, data: dict[str, 
     with pytest.raises(ApiError) as refused:
         parse_json_request(OPERATIONS[op], rules_of(handler), json.dumps(data).encode())
     assert refused.value.message == message
+
+
+def test_non_blank_text_refuses_next_line() -> None:
+    """U+0085 is whitespace to str.strip() but not to JSON Schema's \\s: the non-blank pattern names it,
+    so the document refuses a label the handler would find blank (found by the contract test)."""
+    from swama.generated.decisions_models import DecisionCreateRequest
+
+    body = {"model": "m", "input": "x", "questions": [
+        {"type": "score", "instructions": "Q", "levels": [{"label": "\u0085"}, {"label": "b"}]}]}
+    with pytest.raises(pydantic.ValidationError):
+        DecisionCreateRequest.model_validate(body)
+    body["questions"][0]["levels"][0]["label"] = "a\u0085"
+    DecisionCreateRequest.model_validate(body)
