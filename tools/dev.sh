@@ -8,20 +8,24 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=${SWAMA_VENV:-.venv}
 
-openblas() {
+system_packages() {
     # MLX's Linux CPU wheel ships a slow reference BLAS; swama preloads the system OpenBLAS when present.
-    if [ "$(uname -s)" = Linux ] && ! ls /usr/lib/*/openblas-pthread/libopenblas.so.0 >/dev/null 2>&1; then
-        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-            (apt-get update -qq && apt-get install -y -qq libopenblas0-pthread) >/dev/null 2>&1 \
-                || echo "note: could not install libopenblas0-pthread; CPU inference will be slower" >&2
-        else
-            echo "note: install OpenBLAS (Debian/Ubuntu: libopenblas0-pthread) for much faster CPU inference" >&2
-        fi
+    # espeak-ng turns text into phonemes for the espeak-based speech models (and speaks the test clips).
+    [ "$(uname -s)" = Linux ] || return 0
+    local missing=()
+    ls /usr/lib/*/openblas-pthread/libopenblas.so.0 >/dev/null 2>&1 || missing+=(libopenblas0-pthread)
+    command -v espeak-ng >/dev/null || missing+=(espeak-ng)
+    [ ${#missing[@]} -gt 0 ] || return 0
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        (apt-get update -qq && apt-get install -y -qq "${missing[@]}") >/dev/null 2>&1 \
+            || echo "note: could not install ${missing[*]}; CPU inference is slower and speech models need espeak-ng" >&2
+    else
+        echo "note: install ${missing[*]} (Debian/Ubuntu package names) for fast CPU inference and speech" >&2
     fi
 }
 
 install() {
-    openblas
+    system_packages
     if [ ! -x "$VENV/bin/python" ]; then
         "$PY" -m venv "$VENV"
     fi
