@@ -42,8 +42,8 @@ OPENAI = Source(
         Operation("post", "/chat/completions", "/v1/chat/completions", "chat:create_chat_completion"),
         Operation("post", "/responses", "/v1/responses", "responses:create_response"),
         Operation("post", "/embeddings", "/v1/embeddings", "embeddings:create_embedding"),
-        Operation("post", "/audio/transcriptions", "/v1/audio/transcriptions", "audio:create_transcription"),
-        Operation("post", "/audio/speech", "/v1/audio/speech", "audio:create_speech"),
+        Operation("post", "/audio/transcriptions", "/v1/audio/transcriptions", "transcriptions:create_transcription"),
+        Operation("post", "/audio/speech", "/v1/audio/speech", "speech:create_speech"),
     ),
 )
 

@@ -1,8 +1,8 @@
-"""POST /v1/audio/transcriptions and POST /v1/audio/speech."""
+"""POST /v1/audio/transcriptions."""
 
 from __future__ import annotations
 
-from swama.generated.openai_models import CreateSpeechRequest, CreateTranscriptionRequest
+from swama.generated.openai_models import CreateTranscriptionRequest
 from swama.handlers.dispatch import Call, RouteRules, route
 from swama.handlers.errors import not_served
 
@@ -11,9 +11,3 @@ from swama.handlers.errors import not_served
 @route(RouteRules(handled=frozenset(CreateTranscriptionRequest.model_fields)))
 async def create_transcription(call: Call, request: CreateTranscriptionRequest) -> None:
     raise not_served(call.op.method, call.op.path)  # parsed by the generated model, not served yet
-
-
-# Not served yet: every field the spec names parses, then the route answers 501.
-@route(RouteRules(handled=frozenset(CreateSpeechRequest.model_fields)))
-async def create_speech(call: Call, request: CreateSpeechRequest) -> None:
-    raise not_served(call.op.method, call.op.path)
