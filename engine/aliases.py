@@ -1,6 +1,7 @@
 """Short model names and the repositories they stand for.
 
-Lookup is case-insensitive; language aliases win over speech-to-text, then text-to-speech.
+Lookup is case-insensitive; language aliases win over speech-to-text, then text-to-speech, then
+embedding models.
 Any other name is used as given (a full `org/model` id).
 """
 
@@ -138,6 +139,13 @@ TEXT_TO_SPEECH: dict[str, str] = {
     "moss-tts-local": "OpenMOSS-Team/MOSS-TTS-Local-Transformer",
 }
 
+EMBEDDING: dict[str, str] = {
+    "minilm": WHEEL_MODELS["minilm"].repo_id,
+    "all-minilm-l6-v2": WHEEL_MODELS["minilm"].repo_id,
+    "embeddinggemma": MLX + "embeddinggemma-300m-4bit",
+    "embeddinggemma-300m": MLX + "embeddinggemma-300m-4bit",
+}
+
 AUDIO_MARKERS = ("whisper", "qwen3-asr", "glm-asr", "glmasr", "sensevoice", "voxtral", "cohere", "parakeet",
                  "firered", "fire-red", "moss-transcribe-diarize", "nemotron", "canary", "moonshine", "wav2vec",
                  "mms-", "lasr", "granite-speech")
@@ -146,16 +154,16 @@ AUDIO_MARKERS = ("whisper", "qwen3-asr", "glm-asr", "glmasr", "sensevoice", "vox
 def resolve(name: str) -> str:
     """The repository id a name stands for (the name itself when it is no alias)."""
     key = name.strip().lower()
-    for table in (LANGUAGE, SPEECH_TO_TEXT, TEXT_TO_SPEECH):
+    for table in (LANGUAGE, SPEECH_TO_TEXT, TEXT_TO_SPEECH, EMBEDDING):
         if key in table:
             return table[key]
     return name.strip()
 
 
 def wheel_model(name: str) -> WheelModel | None:
-    key = name.strip().lower()
+    key, repo = name.strip().lower(), resolve(name).lower()
     for alias, model in WHEEL_MODELS.items():
-        if key in (alias, model.repo_id.lower()):
+        if key == alias or repo == model.repo_id.lower():
             return model
     return None
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 
 class EngineError(Exception):
-    def __init__(self, status: int, message: str, code: str = "invalid_request") -> None:
+    def __init__(self, status: int, message: str, code: str = "invalid_request", param: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.code = code
+        self.param = param  # the request field at fault, where one is
 
 
 class Cancelled(Exception):

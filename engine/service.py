@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from swama.engine import aliases
 from swama.engine.checkpoints import CheckpointResult, predict
 from swama.engine.decide import DecisionJob, DecisionResult, DecisionRun
+from swama.engine.embeddings import Embeddings, check_dimensions, embed, spec_of, tokenize
 from swama.engine.errors import Cancelled, EngineError
 from swama.engine.generator import ChatRequest, Event, generate
 from swama.engine.model_kinds import LANGUAGE, VISION
@@ -155,6 +156,18 @@ class Engine:
         try:
             async with self.pool.use(model_id) as model:
                 return await _in_thread(lambda: predict(model.checkpoint, state, questions, images))
+        except ModelNotInstalled:
+            raise EngineError(404, "The model is not available locally.", "model_not_found") from None
+
+    async def embed(self, model_id: str, texts: list[str], dimensions: int | None = None) -> Embeddings:
+        """Unit-length embeddings of `texts` on an embedding model, in one turn on the model."""
+        try:
+            async with self.pool.use(model_id) as model:
+                def work() -> Embeddings:
+                    check_dimensions(model.id, spec_of(model), dimensions)
+                    return embed(model, tokenize(model, texts), dimensions)
+
+                return await _in_thread(work)
         except ModelNotInstalled:
             raise EngineError(404, "The model is not available locally.", "model_not_found") from None
 

