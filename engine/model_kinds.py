@@ -20,9 +20,14 @@ SPEECH_TO_TEXT = "speech-to-text"
 TEXT_TO_SPEECH = "text-to-speech"
 KINDS = (LANGUAGE, VISION, DECISION, EMBEDDING, SPEECH_TO_TEXT, TEXT_TO_SPEECH)
 
-_SPEECH_TO_TEXT = {"whisper", "parakeet", "qwen3_asr", "funasr", "nemotron_asr", "voxtral", "moonshine"}
-_TEXT_TO_SPEECH = {"kokoro", "kitten_tts", "csm", "dia", "outetts", "spark", "marvis", "qwen3_tts", "sesame",
-                   "chatterbox", "bark", "vibevoice"}
+# model_type values of mlx-audio's speech-to-text and text-to-speech architectures (and their aliases there).
+_SPEECH_TO_TEXT = {"whisper", "parakeet", "parakeet_tdt", "qwen3_asr", "funasr", "fun_asr_nano", "nemotron_asr",
+                   "voxtral", "voxtral_realtime", "moonshine", "glmasr", "sensevoice", "cohere_asr", "fireredasr2",
+                   "canary", "mms", "wav2vec2", "granite_speech", "moss_transcribe_diarize", "lasr_ctc"}
+_TEXT_TO_SPEECH = {"kokoro", "kitten_tts", "kitten", "csm", "dia", "outetts", "spark", "marvis", "qwen3_tts",
+                   "sesame", "chatterbox", "chatterbox_turbo", "bark", "vibevoice", "soprano", "pocket_tts",
+                   "echo_tts", "irodori_tts", "omnivoice", "moss_tts", "moss_tts_delay", "moss_tts_local",
+                   "fish_qwen3_omni", "voxcpm", "voxcpm2"}
 _DECISION_CHECKPOINTS = {"clef", "decider2"}  # mlx-vlm architectures with their own decision head
 _ENCODERS = {"bert", "roberta", "xlm-roberta", "modernbert", "nomic_bert", "distilbert", "mpnet"}
 _VISION_KEYS = ("vision_config", "image_token_id", "image_token_index", "vision_tower")

