@@ -27,6 +27,7 @@ ESPEAK_MISSING = ("This model turns text into phonemes with espeak-ng, which is 
 PHONEMIZER_MISSING = ("This model turns text into phonemes with the phonemizer-fork package, which is not "
                       "installed: pip install phonemizer-fork (it also needs espeak-ng).")
 NO_SPEECH = "The input text gives no speech: it has nothing the model can pronounce."
+SEED = 0
 OUT_OF_MEMORY = "Not enough memory to synthesize this speech; try a shorter input or a smaller model."
 
 
@@ -178,7 +179,15 @@ def _engine_error(exc: BaseException) -> EngineError | None:
 
 def synthesize(model: LoadedModel, text: str, voice: str | None, speed: float,
                cancel: threading.Event) -> Iterator[Segment]:
-    """Audio for `text`, one segment at a time as the model makes it; stops when `cancel` is set."""
+    """Audio for `text`, one segment at a time as the model makes it; stops when `cancel` is set.
+
+    The same text, voice and speed give the same audio: the vocoder's noise source (its phases,
+    and with them where the trailing silence is trimmed) is seeded for every request, on MLX's one
+    global generator, as a chat request's `seed` is.
+    """
+    import mlx.core as mx
+
+    mx.random.seed(SEED)
     rate = sample_rate(model)
     options: dict[str, Any] = {"speed": speed}
     if voice is not None:

