@@ -8,6 +8,7 @@ voices/ folder); families that keep them elsewhere get the names they are known 
 
 from __future__ import annotations
 
+import inspect
 import json
 import threading
 import zipfile
@@ -151,13 +152,19 @@ def sample_rate(model: LoadedModel) -> int:
     return int(getattr(model.model, "sample_rate", None) or model.config.get("sample_rate") or 24000)
 
 
-def _raised_in(exc: BaseException, function: str) -> bool:
+def _frames(exc: BaseException) -> Iterator[Any]:
     tb = exc.__traceback__
     while tb is not None:
-        if tb.tb_frame.f_code.co_name == function:
-            return True
+        yield tb.tb_frame
         tb = tb.tb_next
-    return False
+
+
+def _raised_in(exc: BaseException, function: str) -> bool:
+    return any(frame.f_code.co_name == function for frame in _frames(exc))
+
+
+def _raised_in_module(exc: BaseException, module: str) -> bool:
+    return any(Path(frame.f_code.co_filename).stem == module for frame in _frames(exc))
 
 
 def _engine_error(exc: BaseException) -> EngineError | None:
@@ -192,14 +199,19 @@ def synthesize(model: LoadedModel, text: str, voice: str | None, speed: float,
     options: dict[str, Any] = {"speed": speed}
     if voice is not None:
         options["voice"] = voice
+    produced = False
     try:
-        for result in model.model.generate(text, **options):
-            if cancel.is_set():
-                raise Cancelled
-            audio = np.asarray(result.audio, dtype=np.float32).reshape(-1)
-            yield Segment(audio, rate, int(getattr(result, "token_count", 0) or 0))
-            if cancel.is_set():
-                raise Cancelled
+        try:
+            for segment in _segments(model, text, rate, options, cancel):
+                produced = True
+                yield segment
+        except Exception as exc:
+            # KittenTTS spells out numbers and currency before phonemizing, and that step fails on
+            # some text (a lone "¥" in mlx-audio 0.6.2); espeak reads the raw text well enough.
+            if produced or not _raised_in_module(exc, "preprocess") or not _takes(model, "clean_text"):
+                raise
+            mx.random.seed(SEED)
+            yield from _segments(model, text, rate, {**options, "clean_text": False}, cancel)
     except (Cancelled, EngineError):
         raise
     except Exception as exc:
@@ -207,3 +219,21 @@ def synthesize(model: LoadedModel, text: str, voice: str | None, speed: float,
         if worded is None:
             raise
         raise worded from None
+
+
+def _segments(model: LoadedModel, text: str, rate: int, options: dict[str, Any],
+              cancel: threading.Event) -> Iterator[Segment]:
+    for result in model.model.generate(text, **options):
+        if cancel.is_set():
+            raise Cancelled
+        audio = np.asarray(result.audio, dtype=np.float32).reshape(-1)
+        yield Segment(audio, rate, int(getattr(result, "token_count", 0) or 0))
+        if cancel.is_set():
+            raise Cancelled
+
+
+def _takes(model: LoadedModel, option: str) -> bool:
+    try:
+        return option in inspect.signature(model.model.generate).parameters
+    except (TypeError, ValueError):
+        return False

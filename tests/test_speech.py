@@ -168,6 +168,13 @@ def test_a_client_leaving_mid_stream_frees_the_model(server: LiveServer) -> None
     assert r.status_code == 200 and len(r.content) > 0
 
 
+def test_text_the_number_speller_trips_on_is_still_spoken(client: OpenAI) -> None:
+    """mlx-audio's KittenTTS text cleaner raises on a lone currency sign; the raw text is spoken then."""
+    for text in ("\u00a5", "Price: \u00a5."):
+        audio = client.audio.speech.create(model=TTS, input=text, voice="Bella", response_format="pcm").content
+        assert len(audio) > 0 and len(audio) % 2 == 0
+
+
 def test_refusals_have_the_documented_messages(client: OpenAI) -> None:
     assert refusal(client, input="") == "Input text is required"
     assert refusal(client, input=" \n\t") == "Input text is required"
