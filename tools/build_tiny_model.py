@@ -1,4 +1,4 @@
-"""Build a tiny random-weight chat model of a real mlx-lm or mlx-vlm architecture.
+"""Build a tiny random-weight model of a real mlx-lm, mlx-vlm or mlx-audio (text-to-speech) architecture.
 
 The weights are random (seeded) so the output is gibberish, but the folder exercises the whole
 serving path: config, safetensors, a real tokenizer and chat template copied from a donor
@@ -14,7 +14,8 @@ text goes through espeak-ng phonemes, not a tokenizer) and ships a voices file w
 the display-name aliases the real checkpoint's config carries. Its weights are scaled down, since
 unscaled random weights overflow in the vocoder and the audio comes out as NaN.
 
-Usage: python -m swama.tools.build_tiny_model [DONOR_DIR] DEST_DIR [--arch NAME]
+Usage: python -m swama.tools.build_tiny_model DONOR_DIR DEST_DIR [--arch NAME]
+       python -m swama.tools.build_tiny_model [DONOR_DIR] DEST_DIR --arch kitten_tts
 """
 
 from __future__ import annotations
@@ -345,10 +346,10 @@ def main(argv: list[str] | None = None) -> None:
                              "text-to-speech architectures), then the folder to write the tiny model into")
     parser.add_argument("--arch", default="qwen3", choices=sorted(ARCHS))
     args = parser.parse_args(argv)
-    wanted = 1 if args.arch in SPEECH_ARCHS else 2
-    if len(args.paths) != wanted:
-        parser.error(f"--arch {args.arch} takes {'DEST' if wanted == 1 else 'DONOR DEST'}")
-    donor, dest = (None, *args.paths) if wanted == 1 else args.paths
+    speech = args.arch in SPEECH_ARCHS
+    if len(args.paths) not in ((1, 2) if speech else (2,)):
+        parser.error(f"--arch {args.arch} takes {'[DONOR] DEST (a donor is not used)' if speech else 'DONOR DEST'}")
+    donor, dest = (None, args.paths[-1]) if speech else args.paths
     print(build_tiny_model(donor, dest, args.arch))
 
 
