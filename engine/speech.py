@@ -114,7 +114,7 @@ def voices_of(model_id: str, path: Path) -> Voices:
 
 def _evaluate_everything(model: Any) -> None:
     """Evaluate every array the model holds, parameters or not. mlx-audio builds some constants at
-    construction (KittenTTS's upsampling scale, on a plain helper object), and a lazy array can only
+    construction (KittenTTS's upsampling scale, on a plain Python object), and a lazy array can only
     be evaluated on the thread whose stream made it: requests run on other threads than the load."""
     import mlx.core as mx
 
