@@ -21,6 +21,7 @@ from swama.engine.errors import Cancelled, EngineError
 from swama.engine.generator import ChatRequest, Event, generate
 from swama.engine.model_kinds import LANGUAGE, VISION
 from swama.engine.pool import ModelPool
+from swama.engine.speech import Segment, synthesize
 from swama.engine.store import InstalledModel, ModelNotInstalled, ModelStore
 
 T = TypeVar("T")
@@ -170,6 +171,18 @@ class Engine:
                 return await _in_thread(work)
         except ModelNotInstalled:
             raise EngineError(404, "The model is not available locally.", "model_not_found") from None
+
+    async def speak(self, model_id: str, text: str, voice: str | None, speed: float) -> AsyncIterator[Segment]:
+        """Audio segments of `text` on a text-to-speech model, as the model makes them; stop iterating
+        (or `aclose()`) to cancel. `voice` is one `Voices.pick` chose."""
+        try:
+            async with self.pool.use(model_id) as model:
+                async for segment in iterate_in_thread(lambda cancel: synthesize(model, text, voice, speed, cancel)):
+                    yield segment
+        except ModelNotInstalled:
+            raise EngineError(404, "The model is not available locally.", "model_not_found") from None
+        except Cancelled:
+            return
 
     async def close(self) -> None:
         await self.pool.close()

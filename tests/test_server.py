@@ -110,18 +110,6 @@ def test_zstd_bodies_are_decoded(empty_server: LiveServer) -> None:
     assert r.status_code == 400
 
 
-@pytest.mark.parametrize("path", ["/v1/audio/speech"])
-def test_valid_requests_to_routes_not_served_yet_get_501_naming_the_route(
-        empty_server: LiveServer, path: str) -> None:
-    payloads = {
-        "/v1/chat/completions": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
-        "/v1/audio/speech": {"model": "m", "input": "hi", "voice": "alloy"},
-    }
-    r = httpx.post(empty_server.url + path, json=payloads[path])
-    assert r.status_code == 501
-    assert path in assert_error_shape(path, r)
-
-
 def test_chat_with_a_model_that_is_not_installed_is_404(empty_server: LiveServer) -> None:
     r = httpx.post(empty_server.v1 + "/chat/completions",
                    json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})

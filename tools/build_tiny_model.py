@@ -1,4 +1,4 @@
-"""Build a tiny random-weight chat model of a real mlx-lm or mlx-vlm architecture.
+"""Build a tiny random-weight model of a real mlx-lm, mlx-vlm or mlx-audio (text-to-speech) architecture.
 
 The weights are random (seeded) so the output is gibberish, but the folder exercises the whole
 serving path: config, safetensors, a real tokenizer and chat template copied from a donor
@@ -11,7 +11,13 @@ family's own template does.
 
 Embedding architectures (`embeddinggemma`) are mlx-embeddings models in a sentence-transformers folder.
 
+The text-to-speech architecture (`kitten_tts`) is an mlx-audio KittenTTS: it needs no donor (its
+text goes through espeak-ng phonemes, not a tokenizer) and ships a voices file with two voices and
+the display-name aliases the real checkpoint's config carries. Its weights are scaled down, since
+unscaled random weights overflow in the vocoder and the audio comes out as NaN.
+
 Usage: python -m swama.tools.build_tiny_model DONOR_DIR DEST_DIR [--arch NAME]
+       python -m swama.tools.build_tiny_model [DONOR_DIR] DEST_DIR --arch kitten_tts
 """
 
 from __future__ import annotations
@@ -207,6 +213,29 @@ VISION_ARCHS["decider2"] = {
     "files": {}, "tokenizer_config": {}, "chat_template": VISION_ARCHS["qwen3_5_vl"]["chat_template"],
 }
 
+# Text-to-speech architectures (mlx-audio); they need no donor.
+SPEECH_ARCHS: dict[str, dict[str, Any]] = {
+    # KittenTTS: an ALBERT phoneme encoder, a prosody predictor and an iSTFTNet vocoder at 24 kHz.
+    # mlx-audio slices the voice vector at 128, so style_dim cannot shrink below that.
+    "kitten_tts": {
+        "model_type": "kitten_tts", "hidden_dim": 16, "max_conv_dim": 16, "max_dur": 10, "n_layer": 1,
+        "n_mels": 80, "n_token": 256, "style_dim": 128, "text_encoder_kernel_size": 3, "asr_res_dim": 8,
+        "decoder_out_dim": 16, "sample_rate": 24000,
+        "plbert": {"num_hidden_layers": 1, "num_attention_heads": 1, "hidden_size": 16, "intermediate_size": 32,
+                   "max_position_embeddings": 512, "embedding_size": 16, "dropout": 0.0,
+                   "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "type_vocab_size": 2,
+                   "layer_norm_eps": 1e-12},
+        "istftnet": {"resblock_kernel_sizes": [3, 3], "resblock_dilation_sizes": [[1, 3, 5], [1, 3, 5]],
+                     "upsample_rates": [2, 2], "upsample_kernel_sizes": [4, 4], "upsample_initial_channel": 16,
+                     "gen_istft_n_fft": 16, "gen_istft_hop_size": 4},
+        # The real checkpoint names its voices for people; the voices file keys them by recording.
+        "voice_aliases": {"Bella": "expr-voice-2-f", "Leo": "expr-voice-5-m"},
+    },
+}
+# One style vector per input length (up to 400 characters), 256 wide (acoustic and prosodic halves).
+VOICE_SHAPE = (400, 256)
+WEIGHT_SCALE = 0.1
+
 REQUIRED_DONOR_FILES = ("tokenizer.json", "tokenizer_config.json")
 OPTIONAL_DONOR_FILES = ("chat_template.jinja", "generation_config.json")
 
@@ -253,14 +282,20 @@ SENTENCE_TRANSFORMERS_MODULES = [
     {"idx": 4, "name": "4", "path": "4_Normalize", "type": "sentence_transformers.models.Normalize"},
 ]
 
-ARCHS = (*TINY_CONFIGS, *VISION_ARCHS, *EMBEDDING_ARCHS)
+ARCHS = (*TINY_CONFIGS, *VISION_ARCHS, *EMBEDDING_ARCHS, *SPEECH_ARCHS)
 
 
-def build_tiny_model(donor_dir: Path, dest: Path, arch: str = "qwen3") -> Path:
-    """Write a tiny random model of ``arch`` with the donor's tokenizer into ``dest``."""
-    donor_dir, dest = Path(donor_dir), Path(dest)
+def build_tiny_model(donor_dir: Path | None, dest: Path, arch: str = "qwen3") -> Path:
+    """Write a tiny random model of ``arch`` with the donor's tokenizer into ``dest`` (text-to-speech
+    architectures take no donor: pass None)."""
+    dest = Path(dest)
     if arch not in ARCHS:
         raise ValueError(f"unknown tiny architecture {arch!r}; choose from {', '.join(ARCHS)}")
+    if arch in SPEECH_ARCHS:
+        return _build_speech_model(dest, SPEECH_ARCHS[arch])
+    if donor_dir is None:
+        raise ValueError(f"the {arch} architecture copies its tokenizer from a donor model folder")
+    donor_dir = Path(donor_dir)
     missing = [name for name in REQUIRED_DONOR_FILES if not (donor_dir / name).is_file()]
     if missing:
         raise FileNotFoundError(f"donor folder {donor_dir} lacks {', '.join(missing)}")
@@ -334,13 +369,38 @@ def _build_embedding_model(donor_dir: Path, dest: Path, spec: dict[str, Any]) ->
     return dest
 
 
+def _build_speech_model(dest: Path, config: dict[str, Any]) -> Path:
+    import numpy as np
+    from mlx_audio.tts.utils import get_model_and_args
+
+    module, _ = get_model_and_args(config["model_type"], [])
+    mx.random.seed(0)
+    model = module.Model(module.ModelConfig.from_dict(config))
+    weights = {name: value * WEIGHT_SCALE if value.ndim > 1 else value
+               for name, value in tree_flatten(model.parameters())}
+    rng = np.random.default_rng(0)
+    voices = {key: (rng.standard_normal(VOICE_SHAPE) * WEIGHT_SCALE).astype(np.float32)
+              for key in sorted(set(config["voice_aliases"].values()))}
+
+    dest.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(dest / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (dest / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    np.savez(dest / "voices.npz", **voices)
+    return dest
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("donor", type=Path, help="model folder whose tokenizer and chat template are copied")
-    parser.add_argument("dest", type=Path, help="folder to write the tiny model into")
+    parser.add_argument("paths", type=Path, nargs="+", metavar="[DONOR] DEST",
+                        help="the donor model folder whose tokenizer and chat template are copied (not for "
+                             "text-to-speech architectures), then the folder to write the tiny model into")
     parser.add_argument("--arch", default="qwen3", choices=sorted(ARCHS))
     args = parser.parse_args(argv)
-    print(build_tiny_model(args.donor, args.dest, args.arch))
+    speech = args.arch in SPEECH_ARCHS
+    if len(args.paths) not in ((1, 2) if speech else (2,)):
+        parser.error(f"--arch {args.arch} takes {'[DONOR] DEST (a donor is not used)' if speech else 'DONOR DEST'}")
+    donor, dest = (None, args.paths[-1]) if speech else args.paths
+    print(build_tiny_model(donor, dest, args.arch))
 
 
 if __name__ == "__main__":
