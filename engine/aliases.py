@@ -160,6 +160,18 @@ def wheel_model(name: str) -> WheelModel | None:
     return None
 
 
+def installed_ids(name: str) -> list[str]:
+    """The ids (lower case) an installed model may have for `name`, best first: the name itself, the
+    repository its alias stands for, then a wheel model the name also spells (with `-` for `.`), so
+    `whisper-tiny-en` finds an installed openai/whisper-tiny.en while it still pulls from the hub."""
+    key = name.strip().lower()
+    ids = [key, resolve(name).lower()]
+    for alias, model in WHEEL_MODELS.items():
+        if key in (alias, alias.replace(".", "-"), model.repo_id.lower()):
+            ids.append(model.repo_id.lower())
+    return list(dict.fromkeys(ids))
+
+
 def is_audio_model(name: str) -> bool:
     key = name.strip().lower()
     if key.startswith(("whisper-", "funasr-")) or any(m in key for m in AUDIO_MARKERS):
