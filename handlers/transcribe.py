@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from pathlib import Path
@@ -13,7 +12,6 @@ import httpx
 from swama.engine.audio_decode import AudioDecodeError, decode_audio
 from swama.engine.errors import EngineError
 from swama.engine.model_kinds import SPEECH_TO_TEXT
-from swama.engine.service import Engine, EngineOptions
 from swama.engine.sources import pull
 from swama.engine.store import ModelStore
 from swama.handlers.run import _server_url
@@ -72,25 +70,30 @@ def _via_server(url: str, args: argparse.Namespace, data: bytes, model: str, res
     return 0
 
 
-async def _in_process(args: argparse.Namespace, data: bytes, model: str, response_format: str) -> int:
+def _in_process(args: argparse.Namespace, data: bytes, store: ModelStore, model: str, response_format: str) -> int:
+    """Load and run the model on this (the main) thread: MLX aborts the process at exit when a
+    finished worker thread ran it."""
+    from swama.engine.transcription import load_speech_to_text_model, transcribe
     from swama.handlers.transcriptions import _language
 
-    settings = Settings()
-    engine = Engine(EngineOptions(models_root=settings.models_root))
+    installed = store.get(model)
     try:
-        model_id = engine.resolve_speech_model(model)
+        if installed.kind != SPEECH_TO_TEXT:
+            raise EngineError(400, f"Model '{model}' is not a supported audio model")
         language = _language(args.language)
         audio = decode_audio(data)
-        transcript = await engine.transcribe(model_id, audio, language=language, prompt=args.prompt or None,
-                                             temperature=args.temperature)
+        loaded = load_speech_to_text_model(installed.id, installed.path)
+        if language not in (None, "en") and not loaded.model.is_multilingual:
+            raise EngineError(400, f"Model '{installed.id}' transcribes English only; language '{language}' "
+                                   "is not supported by it.")
+        transcript = transcribe(loaded, audio, language=language, prompt=args.prompt or None,
+                                temperature=args.temperature)
     except EngineError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 1
     except AudioDecodeError as exc:
         print(f"error: {args.file}: {exc.message}", file=sys.stderr)
         return 1
-    finally:
-        await engine.close()
     body = render(transcript, response_format)
     _print(body if isinstance(body, dict) else body.body.decode("utf-8"), response_format)
     return 0
@@ -118,7 +121,7 @@ def transcribe(args: argparse.Namespace) -> int:
     try:
         if url is not None:
             return _via_server(url, args, data, model, response_format)
-        return asyncio.run(_in_process(args, data, model, response_format))
+        return _in_process(args, data, store, model, response_format)
     except ApiError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 1
