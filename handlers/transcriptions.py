@@ -17,7 +17,9 @@ from swama.generated.openai_models import CreateTranscriptionRequest
 from swama.handlers.dispatch import TOO_LARGE, TRANSCRIPTION_FILE_LIMIT, Call, RouteRules, route
 from swama.handlers.errors import ApiError, bad_request
 
-HANDLED = frozenset({"file", "model", "language", "prompt", "response_format", "temperature"})
+# Any other field the pinned spec names is refused by dispatch, never ignored.
+HANDLED = frozenset({"file", "model", "language", "prompt", "response_format", "temperature",
+                     "timestamp_granularities"})
 PATH = "/v1/audio/transcriptions"
 CONTENT_TYPES = {"text": "text/plain; charset=utf-8", "srt": "application/x-subrip; charset=utf-8",
                  "vtt": "text/vtt; charset=utf-8"}
@@ -73,6 +75,9 @@ async def create_transcription(call: Call, request: CreateTranscriptionRequest) 
     if len(request.file) > TRANSCRIPTION_FILE_LIMIT:
         raise ApiError(413, TOO_LARGE[PATH], code="request_too_large", param="file")
     model_id = call.engine.resolve_speech_model(request.model)
+    if any(str(g) != "segment" for g in request.timestamp_granularities):
+        raise bad_request("Word timestamps are not supported; segment timestamps come with verbose_json, srt and "
+                          "vtt.", code="unsupported_value", param="timestamp_granularities")
     language = _language(request.language)
     try:
         audio = await asyncio.to_thread(decode_audio, request.file)

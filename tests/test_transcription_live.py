@@ -133,22 +133,24 @@ def test_bad_uploads(server: LiveServer, speech: SpeechClip) -> None:
     for data, message in cases:
         error = _refused(server, files={"file": ("upload.wav", data)}, data=model)
         assert message in error["message"] and error["param"] == "file"
-    error = _refused(server, files={"file": ("fox.wav", wav)}, data={"model": TINY_ID})
+    error = _refused(server, files={"file": ("speech.wav", wav)}, data={"model": TINY_ID})
     assert error["message"] == f"Model '{TINY_ID}' is not a supported audio model"
-    error = _refused(server, 404, files={"file": ("fox.wav", wav)}, data={"model": "whisper-large-v3"})
+    error = _refused(server, 404, files={"file": ("speech.wav", wav)}, data={"model": "whisper-large-v3"})
     assert error["message"] == "The model is not available locally."
     error = _refused(server, data=model, files={"other": ("x", b"1")})
     assert "file" in error["message"]
     error = _refused(server, json={"model": WHISPER_ID, "file": "abc"})
     assert error["message"] == "Content-Type must be multipart/form-data"
-    error = _refused(server, files={"file": ("fox.wav", wav)}, data={**model, "language": "xx"})
+    error = _refused(server, files={"file": ("speech.wav", wav)}, data={**model, "language": "xx"})
     assert error["message"].startswith("Unsupported language 'xx'")
-    error = _refused(server, files={"file": ("fox.wav", wav)}, data={**model, "language": "de"})
+    error = _refused(server, files={"file": ("speech.wav", wav)}, data={**model, "language": "de"})
     assert "transcribes English only" in error["message"]
-    error = _refused(server, files={"file": ("fox.wav", wav)}, data={**model, "timestamp_granularities[]": "word"})
-    assert error["code"] == "unsupported_parameter" and error["param"] == "timestamp_granularities"
+    error = _refused(server, files={"file": ("speech.wav", wav)}, data={**model, "timestamp_granularities[]": "word"})
+    assert error["message"].startswith("Word timestamps are not supported")
+    error = _refused(server, files={"file": ("speech.wav", wav)}, data={**model, "include[]": "logprobs"})
+    assert error["code"] == "unsupported_parameter" and error["param"] == "include"
     for field, value in (("temperature", "1.5"), ("response_format", "diarized_json")):
-        error = _refused(server, files={"file": ("fox.wav", wav)}, data={**model, field: value})
+        error = _refused(server, files={"file": ("speech.wav", wav)}, data={**model, field: value})
         assert field in error["message"] or error["param"] == field
 
 
