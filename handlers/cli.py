@@ -195,9 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr = sub.add_parser(
         "transcribe", help="turn speech in an audio file into text",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Transcribe FILE (WAV, FLAC, OGG or MP3; other formats need converting first) with a "
-                    "Whisper model. Uses a running server when one answers, else runs the model in this "
-                    "process. Audio longer than 30 s is transcribed in 30 s windows, each split into "
+        description="Transcribe FILE (WAV, FLAC, OGG or MP3; other formats need converting first) with a\n"
+                    "Whisper model. Uses a running server when one answers, else runs the model in this\n"
+                    "process. Audio longer than 30 s is transcribed in 30 s windows, each split into\n"
                     "timed segments.",
         epilog="formats:\n"
                "  text     the transcript only (default)\n"

@@ -19,7 +19,7 @@ from swama.handlers.images import Image, ImageError, check_image, check_images, 
 from swama.handlers.settings import Settings
 
 
-def _server_url(args: argparse.Namespace) -> str | None:
+def server_url(args: argparse.Namespace) -> str | None:
     if args.direct:
         return None
     url = f"http://{args.server_host}:{args.server_port}/v1"
@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     store = ModelStore(Settings().models_root)
     if store.find(args.model) is None:
         pull(store, args.model)  # the CLI installs on first use; the server never downloads
-    url = _server_url(args)
+    url = server_url(args)
     if url is not None:
         return _via_server(url, args, images)
     return asyncio.run(_in_process(args, images))

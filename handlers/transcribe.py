@@ -14,9 +14,9 @@ from swama.engine.errors import EngineError
 from swama.engine.model_kinds import SPEECH_TO_TEXT
 from swama.engine.sources import pull
 from swama.engine.store import ModelStore
-from swama.handlers.run import _server_url
+from swama.handlers.run import server_url
 from swama.handlers.settings import Settings
-from swama.handlers.transcriptions import render
+from swama.handlers.transcriptions import parse_language, render
 
 DEFAULT_MODEL = "whisper-tiny.en"
 FORMATS = {"text": "text", "json": "json", "verbose": "verbose_json", "srt": "srt", "vtt": "vtt"}
@@ -74,13 +74,11 @@ def _in_process(args: argparse.Namespace, data: bytes, store: ModelStore, model:
     """Load and run the model on this (the main) thread: MLX aborts the process at exit when a
     finished worker thread ran it."""
     from swama.engine.transcription import load_speech_to_text_model, transcribe
-    from swama.handlers.transcriptions import _language
-
     installed = store.get(model)
     try:
         if installed.kind != SPEECH_TO_TEXT:
             raise EngineError(400, f"Model '{model}' is not a supported audio model")
-        language = _language(args.language)
+        language = parse_language(args.language)
         audio = decode_audio(data)
         loaded = load_speech_to_text_model(installed.id, installed.path)
         if language not in (None, "en") and not loaded.model.is_multilingual:
@@ -117,7 +115,7 @@ def transcribe(args: argparse.Namespace) -> int:
         installed = store.find(args.model)
         model = (installed or pull(store, args.model)).id  # the CLI installs on first use
     response_format = FORMATS[args.format]
-    url = _server_url(args)
+    url = server_url(args)
     try:
         if url is not None:
             return _via_server(url, args, data, model, response_format)

@@ -60,7 +60,7 @@ def render(transcript: Transcript, response_format: str) -> Response | dict:
     return {"text": transcript.text}
 
 
-def _language(name: str | None) -> str | None:
+def parse_language(name: str | None) -> str | None:
     if name is None:
         return None
     code = language_code(name)
@@ -78,7 +78,7 @@ async def create_transcription(call: Call, request: CreateTranscriptionRequest) 
     if any(str(g) != "segment" for g in request.timestamp_granularities):
         raise bad_request("Word timestamps are not supported; segment timestamps come with verbose_json, srt and "
                           "vtt.", code="unsupported_value", param="timestamp_granularities")
-    language = _language(request.language)
+    language = parse_language(request.language)
     try:
         audio = await asyncio.to_thread(decode_audio, request.file)
     except AudioDecodeError as exc:
