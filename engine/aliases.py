@@ -102,6 +102,7 @@ def _whisper() -> dict[str, str]:
 
 SPEECH_TO_TEXT: dict[str, str] = {
     **_whisper(),
+    "whisper-tiny.en": WHEEL_MODELS["whisper-tiny.en"].repo_id,  # offline, from the package index
     **dict.fromkeys(["qwen3-asr", "qwen3-asr-0.6b", "funasr", "funasr-mlt"], MLX + "Qwen3-ASR-0.6B-4bit"),
     "qwen3-asr-1.7b": MLX + "Qwen3-ASR-1.7B-bf16",
     "glm-asr": MLX + "GLM-ASR-Nano-2512-4bit",
@@ -222,6 +223,18 @@ def wheel_model(name: str) -> WheelModel | None:
         if key == alias or repo == model.repo_id.lower():
             return model
     return None
+
+
+def installed_ids(name: str) -> list[str]:
+    """The ids (lower case) an installed model may have for `name`, best first: the name itself, the
+    repository its alias stands for, then a wheel model the name also spells (with `-` for `.`), so
+    `whisper-tiny-en` finds an installed openai/whisper-tiny.en while it still pulls from the hub."""
+    key = name.strip().lower()
+    ids = [key, resolve(name).lower()]
+    for alias, model in WHEEL_MODELS.items():
+        if key in (alias, alias.replace(".", "-"), model.repo_id.lower()):
+            ids.append(model.repo_id.lower())
+    return list(dict.fromkeys(ids))
 
 
 def is_audio_model(name: str) -> bool:

@@ -19,10 +19,11 @@ from swama.engine.decide import DecisionJob, DecisionResult, DecisionRun
 from swama.engine.embeddings import Embeddings, check_dimensions, embed, spec_of, tokenize
 from swama.engine.errors import Cancelled, EngineError
 from swama.engine.generator import ChatRequest, Event, generate
-from swama.engine.model_kinds import LANGUAGE, VISION
+from swama.engine.model_kinds import LANGUAGE, SPEECH_TO_TEXT, VISION
 from swama.engine.pool import ModelPool
 from swama.engine.speech import Segment, synthesize
 from swama.engine.store import InstalledModel, ModelNotInstalled, ModelStore
+from swama.engine.transcription import Transcript, is_multilingual, transcribe
 
 T = TypeVar("T")
 _DONE = object()
@@ -73,13 +74,16 @@ async def iterate_in_thread(make: Callable[[threading.Event], Iterator[T]]) -> A
         await asyncio.shield(asyncio.to_thread(thread.join))
 
 
-async def _in_thread(step: Callable[[], T]) -> T:
+async def _in_thread(step: Callable[[], T], cancel: threading.Event | None = None) -> T:
     """Run one blocking step on a worker thread. Even when the caller is cancelled it waits for the
-    step to end, so the model slot it holds is never handed on while the model is still busy."""
+    step to end, so the model slot it holds is never handed on while the model is still busy;
+    `cancel`, when given, is set first so a step that watches it ends early."""
     task = asyncio.ensure_future(asyncio.to_thread(step))
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
+        if cancel is not None:
+            cancel.set()
         await asyncio.wait({task})
         raise
 
@@ -183,6 +187,27 @@ class Engine:
             raise EngineError(404, "The model is not available locally.", "model_not_found") from None
         except Cancelled:
             return
+
+    def resolve_speech_model(self, name: str) -> str:
+        """The installed model id for `name`, refusing models that do not turn speech into text."""
+        model = self.installed(name)
+        if model.kind != SPEECH_TO_TEXT:
+            raise EngineError(400, f"Model '{name}' is not a supported audio model")
+        return model.id
+
+    async def transcribe(self, model_id: str, audio: Any, *, language: str | None = None,
+                         prompt: str | None = None, temperature: float = 0.0) -> Transcript:
+        """Speech to text on a model `resolve_speech_model` found: 16 kHz mono samples in, one turn."""
+        cancel = threading.Event()
+        try:
+            async with self.pool.use(model_id) as model:
+                if language is not None and language != "en" and not is_multilingual(model):
+                    raise EngineError(400, f"Model '{model_id}' transcribes English only; language "
+                                           f"'{language}' is not supported by it.")
+                return await _in_thread(lambda: transcribe(model, audio, language=language, prompt=prompt,
+                                                           temperature=temperature, cancel=cancel), cancel)
+        except ModelNotInstalled:
+            raise EngineError(404, "The model is not available locally.", "model_not_found") from None
 
     async def close(self) -> None:
         await self.pool.close()

@@ -88,10 +88,10 @@ class ModelStore:
 
     def find(self, name: str) -> InstalledModel | None:
         """An installed model by alias or id, case-insensitively."""
-        wanted = {name.strip().lower(), aliases.resolve(name).lower()}
-        for model in self.list():
-            if model.id.lower() in wanted:
-                return model
+        installed = {model.id.lower(): model for model in reversed(self.list())}
+        for wanted in aliases.installed_ids(name):
+            if wanted in installed:
+                return installed[wanted]
         return None
 
     def get(self, name: str) -> InstalledModel:

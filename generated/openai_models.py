@@ -1464,13 +1464,11 @@ class CreateTranscriptionRequest(BaseModel):
         extra="forbid",
     )
     file: bytes
-    model: StrictStr | CreateTranscriptionRequestModel
     language: StrictStr | None = None
     languages: Annotated[list[StrictStr] | None, Field(min_length=1)] = None
     keywords: list[StrictStr] | None = None
     prompt: StrictStr | None = None
-    response_format: AudioResponseFormat | None = "json"
-    temperature: StrictFloat = 0
+    temperature: Annotated[StrictFloat, Field(ge=0.0, le=1.0)] = 0
     include: list[TranscriptionInclude] | None = None
     timestamp_granularities: list[CreateTranscriptionRequestTimestampGranularity] = [
         "segment"
@@ -1483,19 +1481,20 @@ class CreateTranscriptionRequest(BaseModel):
     known_speaker_references: Annotated[list[StrictStr] | None, Field(max_length=4)] = (
         None
     )
+    response_format: CreateTranscriptionRequestResponseFormat = "json"
+    model: Annotated[StrictStr, Field(min_length=1, pattern="[^\\s\\x1c-\\x1f\\x85]")]
 
 
 class CreateTranscriptionRequestChunkingStrategy(StrEnum):
     auto = "auto"
 
 
-class CreateTranscriptionRequestModel(StrEnum):
-    whisper_1 = "whisper-1"
-    gpt_transcribe = "gpt-transcribe"
-    gpt_4o_transcribe = "gpt-4o-transcribe"
-    gpt_4o_mini_transcribe = "gpt-4o-mini-transcribe"
-    gpt_4o_mini_transcribe_2025_12_15 = "gpt-4o-mini-transcribe-2025-12-15"
-    gpt_4o_transcribe_diarize = "gpt-4o-transcribe-diarize"
+class CreateTranscriptionRequestResponseFormat(StrEnum):
+    json = "json"
+    text = "text"
+    srt = "srt"
+    verbose_json = "verbose_json"
+    vtt = "vtt"
 
 
 class CreateTranscriptionRequestTimestampGranularity(StrEnum):

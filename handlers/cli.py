@@ -147,6 +147,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def cmd_transcribe(args: argparse.Namespace) -> int:
+    from swama.handlers.transcribe import transcribe
+
+    return transcribe(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="swama",
@@ -204,6 +210,39 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--context-limit", "--num-ctx", type=int, default=None)
     run.set_defaults(func=cmd_run)
 
+    tr = sub.add_parser(
+        "transcribe", help="turn speech in an audio file into text",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Transcribe FILE (WAV, FLAC, OGG or MP3; other formats need converting first) with a\n"
+                    "Whisper model. Uses a running server when one answers, else runs the model in this\n"
+                    "process. Audio longer than 30 s is transcribed in 30 s windows, each split into\n"
+                    "timed segments.",
+        epilog="formats:\n"
+               "  text     the transcript only (default)\n"
+               "  json     {\"text\": ...}\n"
+               "  verbose  JSON with the language, the duration and timed segments\n"
+               "  srt      SubRip subtitles\n"
+               "  vtt      WebVTT subtitles\n\n"
+               "The default model is Whisper tiny.en (English only); install it once with:\n"
+               "  swama pull whisper-tiny.en")
+    tr.add_argument("file", help="the audio file")
+    tr.add_argument("-m", "--model", default=None,
+                    help="speech-to-text model alias or id (default: the installed whisper-tiny.en)")
+    tr.add_argument("--language", default=None, metavar="L",
+                    help="the spoken language as an ISO-639-1 code such as en (default: detected; "
+                         "English-only models take only en)")
+    tr.add_argument("-f", "--format", choices=["text", "json", "verbose", "srt", "vtt"], default="text",
+                    help="output format (default text)")
+    tr.add_argument("-t", "--temperature", type=float, default=0.0,
+                    help="sampling temperature 0-1 (default 0: greedy, hotter only where a window "
+                         "decodes badly)")
+    tr.add_argument("-p", "--prompt", default=None,
+                    help="text that comes before the audio: names and spellings to expect, or a style")
+    tr.add_argument("--direct", action="store_true", help="never use a running server")
+    tr.add_argument("--server-host", default="127.0.0.1")
+    tr.add_argument("--server-port", type=int, default=DEFAULT_PORT)
+    tr.set_defaults(func=cmd_transcribe)
+
     pull = sub.add_parser("pull", help="download a model",
                           description="Download MODEL (an alias such as smollm2, or a Hugging Face id such as "
                                       "mlx-community/Qwen3.5-0.8B-4bit) into the model store. smollm2 (chat), "
@@ -247,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "-V", "--version"):
         argv = ["serve", *argv]
     args = parser.parse_args(argv)
-    if args.command in ("serve", "run"):
+    if args.command in ("serve", "run", "transcribe"):
         from swama.engine.runtime import reexec_with_openblas
 
         reexec_with_openblas(argv)

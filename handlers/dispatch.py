@@ -38,9 +38,12 @@ from swama.handlers.validation import openai_schema_error
 log = logging.getLogger("swama")
 
 MiB = 1024 * 1024
+# "100MB" for an uploaded audio file means 100,000,000 bytes of the file part; the body may add
+# 64 KiB of multipart framing and other fields, so a larger declared body is refused unread.
+TRANSCRIPTION_FILE_LIMIT = 100 * 1000 * 1000
 # Route-specific body limits; everything else gets a generous default so a stray upload cannot
 # exhaust memory.
-BODY_LIMITS = {"/v1/systemone": 13 * MiB, "/v1/audio/transcriptions": 101 * MiB}
+BODY_LIMITS = {"/v1/systemone": 13 * MiB, "/v1/audio/transcriptions": TRANSCRIPTION_FILE_LIMIT + 64 * 1024}
 DEFAULT_BODY_LIMIT = 64 * MiB
 TOO_LARGE = {"/v1/systemone": "The request body is larger than 13 MiB.",
              "/v1/audio/transcriptions": "File size exceeds 100MB limit"}

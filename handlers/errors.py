@@ -30,8 +30,6 @@ class ApiError(Exception):
     def type(self) -> str:
         if self.kind is not None:
             return self.kind
-        if self.status == 501:
-            return "not_implemented_error"
         return "invalid_request_error" if self.status < 500 else "server_error"
 
 
@@ -41,11 +39,6 @@ def bad_request(message: str, *, code: str = "invalid_value", param: str | None 
 
 def not_found(message: str = "The model is not available locally.", *, param: str | None = "model") -> ApiError:
     return ApiError(404, message, code="model_not_found", param=param)
-
-
-def not_served(method: str, path: str) -> ApiError:
-    """An honest refusal for a route whose request parses but which this server does not serve yet."""
-    return ApiError(501, f"{method} {path} is not implemented yet on this server.", code="not_implemented")
 
 
 # Cloudflare's API error numbers for the refusals these routes make.

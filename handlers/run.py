@@ -20,7 +20,7 @@ from swama.handlers.images import Image, ImageError, check_image, check_images, 
 from swama.handlers.settings import Settings
 
 
-def _server_url(args: argparse.Namespace) -> str | None:
+def server_url(args: argparse.Namespace) -> str | None:
     if args.direct:
         return None
     url = f"http://{args.server_host}:{args.server_port}/v1"
@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         use = OTHER_USES[model.kind].format(name=args.model)
         print(f"error: {model.id} is {article} {model.kind} model and does not chat; {use}", file=sys.stderr)
         return 2
-    url = _server_url(args)
+    url = server_url(args)
     if url is not None:
         return _via_server(url, args, images)
     return asyncio.run(_in_process(args, images))

@@ -50,5 +50,17 @@ def model_server(model_store: Path) -> Iterator[LiveServer]:
     yield server
     server.stop()
 
+WHISPER_ID = "openai/whisper-tiny.en"
+
+
+@pytest.fixture(scope="session")
+def speech_store(tmp_path_factory: pytest.TempPathFactory, whisper_tiny_dir: Path, tiny_model_dir: Path) -> Path:
+    """A store with Whisper tiny.en (converted from its wheel) and the tiny random language model."""
+    root = tmp_path_factory.mktemp("speech-store")
+    install_folder(root, WHISPER_ID, whisper_tiny_dir)
+    install_folder(root, TINY_ID, tiny_model_dir)
+    return root
+
+
 # Model fixtures (SmolLM2 from its PyPI wheel, the tiny random model) live in their own module.
 from model_fixtures import *  # noqa: E402,F403

