@@ -174,7 +174,10 @@ def unavailable_reason(name: str) -> str | None:
     """Why an alias cannot be served by this installation, or None when it can."""
     import importlib.util
 
-    need = REQUIREMENTS.get(name.strip().lower())
+    key = name.strip().lower()
+    if key in SPEECH_TO_TEXT and "whisper" not in SPEECH_TO_TEXT[key].lower():
+        return "swama transcribes with Whisper models only so far; Whisper aliases (whisper-tiny.en offline) work"
+    need = REQUIREMENTS.get(key)
     if need is None:
         return None
     modules, advice = need

@@ -242,6 +242,10 @@ def test_aliases_mark_what_this_installation_cannot_serve(tmp_path: Path) -> Non
     entries = {e["name"]: e for e in json.loads(_swama("aliases", "-f", "json", env=env).stdout)}
     assert entries["minilm"]["kind"] == "embedding" and entries["minilm"]["source"] == "pypi"
     assert entries["qwen3-vl"]["kind"] == "vision" and entries["gemma3-1b"]["kind"] == "language"
+    assert entries["whisper-tiny.en"]["source"] == "pypi" and entries["whisper-tiny.en"]["available"]
+    assert not entries["qwen3-asr"]["available"] and "Whisper models only" in entries["qwen3-asr"]["note"]
+    refused = _swama("pull", "qwen3-asr", env=env)
+    assert refused.returncode == 1 and "cannot be served by this installation" in refused.stderr
     kokoro_ready = importlib.util.find_spec("misaki") is not None
     assert entries["kokoro"]["available"] is kokoro_ready
     if not kokoro_ready:
