@@ -11,7 +11,7 @@ Each gets one warm-up, then `--runs` timed transcriptions; the table gives the m
 the real-time factor (seconds of audio per second of wall time: above 1 is faster than real time).
 The default audio is about 36 s of espeak-ng speech (two 30 s windows).
 
-Usage: python -m swama.tools.bench_transcription [--model-dir DIR] [--audio FILE] [--runs N] [--fp16]
+Usage: python -m swama.tools.bench_transcription [--model-dir DIR] [--audio FILE] [--runs N] [--fp16] [--write]
 """
 
 from __future__ import annotations
@@ -29,8 +29,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from swama.engine.runtime import REEXEC_MARK, reexec_with_openblas
+from swama.tools.bench_common import REPO_ROOT, today, write_section
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+TITLE = "Transcription: Whisper tiny.en through swama vs mlx-audio directly"
+
 TEXT = ("The quick brown fox jumps over the lazy dog. Please call me tomorrow morning. The weather is nice "
         "today. I would like a cup of coffee. Open the door and turn on the light. We are going to the market "
         "to buy some bread. The children are playing in the garden. My brother lives in a small house near the "
@@ -69,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--audio", type=Path, default=None, help="an audio file (default: espeak-ng speech)")
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--fp16", action="store_true", help="also time mlx-audio in float16")
+    parser.add_argument("--write", type=Path, nargs="?", const=REPO_ROOT / "docs" / "benchmarks.md", default=None,
+                        help="record the table in docs/benchmarks.md (or the file given)")
     args = parser.parse_args(argv)
     model_dir = args.model_dir or default_model_dir()
     if model_dir is None:
@@ -123,17 +127,20 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
 
     blas = "OpenBLAS preloaded" if "openblas" in os.environ.get("LD_PRELOAD", "") else "MLX's bundled BLAS"
-    print(f"\nWhisper tiny.en on the CPU ({blas}, {os.cpu_count()} CPUs); {seconds:.1f} s of audio, "
-          f"median of {args.runs} runs after a warm-up\n")
-    print("| path | dtype | wall s | real-time factor |")
-    print("|---|---|---|---|")
+    lines = [f"Measured {today()} with `python -m swama.tools.bench_transcription`: Whisper tiny.en on the CPU "
+             f"({blas}, {os.cpu_count()} CPUs); {seconds:.1f} s of audio, median of {args.runs} runs after a "
+             "warm-up.", "", "| path | dtype | wall s | real-time factor |", "|---|---|---|---|"]
     for name, dtype, times, _ in rows:
         wall = statistics.median(times)
-        print(f"| {name} | {dtype} | {wall:.2f} | {seconds / wall:.1f}x |")
+        lines.append(f"| {name} | {dtype} | {wall:.2f} | {seconds / wall:.1f}x |")
     ratio = statistics.median(rows[0][2]) / statistics.median(rows[1][2])
-    print(f"\nswama engine / direct mlx-audio (float32) wall time: {ratio:.2f}")
+    lines += ["", f"swama engine / direct mlx-audio (float32) wall time: {ratio:.2f}."]
+    body = "\n".join(lines)
+    print(body)
     for name, dtype, _, text in rows:
         print(f"\n{name} ({dtype}): {text[:160]}{'...' if len(text) > 160 else ''}")
+    if args.write:
+        write_section(args.write, TITLE, body)
     sys.stdout.flush()
     # MLX aborts at interpreter exit once a finished worker thread (the engine's) has run it.
     os._exit(0)
