@@ -3,17 +3,33 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 # MLX's Linux CPU wheel links a slow reference BLAS; its sgemm calls resolve by symbol name, so a
-# preloaded OpenBLAS replaces it (about 10x faster float32 matmuls on CPU).
+# preloaded BLAS with the standard cblas symbols replaces it (10-30x faster float32 matmuls on CPU):
+# the system's OpenBLAS, or Intel's MKL from its PyPI wheel (`pip install mkl`) for users without root.
 OPENBLAS_CANDIDATES = (
     "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0",
     "/usr/lib/aarch64-linux-gnu/openblas-pthread/libopenblas.so.0",
     "/usr/lib64/libopenblasp.so.0",
 )
-REEXEC_MARK = "SWAMA_OPENBLAS_PRELOADED"
+REEXEC_MARK = "SWAMA_BLAS_PRELOADED"
+BLAS_CHOICES = ("auto", "openblas", "mkl", "bundled")
+SLOW_BLAS_NOTE = (
+    "note: MLX is using its bundled reference BLAS, about 10x slower on the CPU than a tuned one. "
+    "Fix: sudo apt-get install libopenblas0-pthread (Debian/Ubuntu), or without root: pip install mkl "
+    "(swama preloads either automatically at the next start)."
+)
+
+
+@dataclass(frozen=True)
+class Blas:
+    name: str  # "openblas" or "mkl"
+    library: str  # the shared library to preload
+    env: dict[str, str] = field(default_factory=dict)  # what it needs beside LD_PRELOAD
 
 
 def openblas_library() -> str | None:
@@ -23,18 +39,82 @@ def openblas_library() -> str | None:
     return None
 
 
-def reexec_with_openblas(argv: list[str], module: str = "swama.handlers.cli") -> None:
-    """Restart this process once with OpenBLAS preloaded, when it helps and is available.
+def system_openblas() -> Blas | None:
+    lib = openblas_library()
+    return Blas("openblas", lib) if lib else None
 
-    Only on Linux with the CPU backend; `SWAMA_OPENBLAS=0` turns it off.
+
+def pip_mkl() -> Blas | None:
+    """MKL from the `mkl` wheel, when it is installed in this environment."""
+    import ctypes.util
+    import importlib.metadata
+
+    try:
+        files = importlib.metadata.distribution("mkl").files or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for file in files:
+        if re.fullmatch(r"libmkl_rt\.so\.\d+", file.name):
+            lib = Path(str(file.locate())).resolve()
+            if lib.is_file():
+                break
+    else:
+        return None
+    # libmkl_rt loads its kernels and threading layer by name from its own folder; the threading
+    # layer follows the OpenMP runtime at hand (intel-openmp's beside it, else the GNU one).
+    if (lib.parent / "libiomp5.so").exists():
+        layer = "INTEL"
+    elif ctypes.util.find_library("gomp"):
+        layer = "GNU"
+    else:
+        layer = "SEQUENTIAL"
+    paths = ":".join(p for p in (str(lib.parent), os.environ.get("LD_LIBRARY_PATH", "")) if p)
+    return Blas("mkl", str(lib), {"LD_LIBRARY_PATH": paths, "MKL_THREADING_LAYER": layer})
+
+
+def fast_blas() -> Blas | None:
+    """The BLAS to preload: `SWAMA_BLAS` picks one (auto: the system OpenBLAS, else MKL's wheel)."""
+    choice = os.environ.get("SWAMA_BLAS", "auto").strip().lower()
+    if choice == "bundled":
+        return None
+    if choice == "openblas":
+        return system_openblas()
+    if choice == "mkl":
+        return pip_mkl()
+    return system_openblas() or pip_mkl()
+
+
+def loaded_blas() -> str | None:
+    """The tuned BLAS mapped into this process ("openblas", "mkl"), or None (MLX's bundled one)."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    for name, marker in (("mkl", "libmkl_rt"), ("openblas", "libopenblas")):
+        if marker in maps:
+            return name
+    return None
+
+
+def slow_blas_note() -> str | None:
+    """What to tell a Linux CPU user whose MLX runs on its bundled reference BLAS (None otherwise)."""
+    if sys.platform != "linux" or on_gpu() or loaded_blas() is not None:
+        return None
+    return SLOW_BLAS_NOTE
+
+
+def reexec_with_fast_blas(argv: list[str], module: str = "swama.handlers.cli") -> None:
+    """Restart this process once with a tuned BLAS preloaded, when it helps and one is available.
+
+    Only on Linux; `SWAMA_OPENBLAS=0` turns it off, `SWAMA_BLAS` picks which one.
     """
     if sys.platform != "linux" or os.environ.get("SWAMA_OPENBLAS", "1") == "0" or os.environ.get(REEXEC_MARK):
         return
-    lib = openblas_library()
-    if lib is None or "openblas" in os.environ.get("LD_PRELOAD", ""):
+    blas = fast_blas()
+    if blas is None or loaded_blas() is not None or blas.library in os.environ.get("LD_PRELOAD", ""):
         return
-    env = dict(os.environ)
-    env["LD_PRELOAD"] = ":".join(p for p in (lib, env.get("LD_PRELOAD", "")) if p)
+    env = {**os.environ, **blas.env}
+    env["LD_PRELOAD"] = ":".join(p for p in (blas.library, env.get("LD_PRELOAD", "")) if p)
     env[REEXEC_MARK] = "1"
     os.execve(sys.executable, [sys.executable, "-m", module, *argv], env)
 

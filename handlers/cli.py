@@ -53,6 +53,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if _exposed(settings.host):
         print(f"warning: binding {settings.host} exposes the API to other machines on the network"
               + ("" if settings.api_key else "; consider --api-key"), file=sys.stderr)
+    from swama.engine.runtime import slow_blas_note
+
+    if note := slow_blas_note():
+        print(note, file=sys.stderr)
     app = create_app(settings)
     print(f"swama listening on http://{settings.host}:{settings.port}  (models: {settings.models_root})",
           file=sys.stderr)
@@ -287,9 +291,9 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["serve", *argv]
     args = parser.parse_args(argv)
     if args.command in ("serve", "run", "transcribe"):
-        from swama.engine.runtime import reexec_with_openblas
+        from swama.engine.runtime import reexec_with_fast_blas
 
-        reexec_with_openblas(argv)
+        reexec_with_fast_blas(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from swama.engine.errors import EngineError
     from swama.engine.store import StoreError

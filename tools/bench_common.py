@@ -27,7 +27,7 @@ from typing import IO
 
 import httpx
 
-from swama.engine.runtime import openblas_library
+from swama.engine.runtime import fast_blas
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS_MD = REPO_ROOT / "docs" / "benchmarks.md"
@@ -137,13 +137,15 @@ def temp_dir(prefix: str) -> tempfile.TemporaryDirectory[str]:
 
 
 def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """One environment for every server: OpenBLAS preloaded explicitly when present, and swama's
-    own re-exec turned off so that nothing differs between the servers behind our back."""
+    """One environment for every server: a tuned BLAS (the system OpenBLAS, else MKL's wheel) preloaded
+    explicitly when present, and swama's own re-exec turned off so that nothing differs between the
+    servers behind our back."""
     env = dict(os.environ)
     env.pop("LD_PRELOAD", None)
-    lib = openblas_library()
-    if lib is not None and sys.platform == "linux":
-        env["LD_PRELOAD"] = lib
+    blas = fast_blas()
+    if blas is not None and sys.platform == "linux":
+        env.update(blas.env)
+        env["LD_PRELOAD"] = blas.library
     env["SWAMA_OPENBLAS"] = "0"
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})
@@ -168,7 +170,7 @@ def machine_facts() -> dict[str, str]:
         "python": platform.python_version(),
         "mlx": package_version("mlx"),
         "mlx-lm": package_version("mlx-lm"),
-        "openblas preloaded": f"yes ({lib})" if lib else "no",
+        "blas preloaded": f"yes ({lib})" if lib else "no (MLX's bundled reference BLAS)",
     }
 
 

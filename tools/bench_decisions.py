@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 from swama.engine.decide import DecisionJob, DecisionRun
 from swama.engine.model import load_language_model
-from swama.engine.runtime import reexec_with_openblas
+from swama.engine.runtime import reexec_with_fast_blas
 from swama.engine.scorer import decision_choice_view, decision_score_view, predicate_view
 from swama.tools.bench_common import default_model_dir, missing_model_message, today, write_section
 
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--hybrid and --vision are separate benchmarks: pick one")
     if args.model_dir is None or not (args.model_dir / "config.json").exists():
         parser.error(missing_model_message())
-    reexec_with_openblas(sys.argv[1:] if argv is None else argv, module="swama.tools.bench_decisions")
+    reexec_with_fast_blas(sys.argv[1:] if argv is None else argv, module="swama.tools.bench_decisions")
     if args.hybrid:
         return hybrid(args)
     if args.vision:

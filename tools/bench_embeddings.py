@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from swama.engine.runtime import reexec_with_openblas
+from swama.engine.runtime import reexec_with_fast_blas
 from swama.tools.bench_common import (
     REPO_ROOT,
     Server,
@@ -134,5 +134,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    reexec_with_openblas(sys.argv[1:], module="swama.tools.bench_embeddings")
+    reexec_with_fast_blas(sys.argv[1:], module="swama.tools.bench_embeddings")
     main()

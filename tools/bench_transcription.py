@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from swama.engine.runtime import REEXEC_MARK, reexec_with_openblas
+from swama.engine.runtime import REEXEC_MARK, reexec_with_fast_blas
 from swama.tools.bench_common import REPO_ROOT, today, write_section
 
 TITLE = "Transcription: Whisper tiny.en through swama vs mlx-audio directly"
@@ -148,5 +148,5 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     if not os.environ.get(REEXEC_MARK):
-        reexec_with_openblas(sys.argv[1:], module="swama.tools.bench_transcription")
+        reexec_with_fast_blas(sys.argv[1:], module="swama.tools.bench_transcription")
     sys.exit(main())
