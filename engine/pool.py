@@ -5,6 +5,9 @@
 - At most `max_concurrent` operations run at once across all models (FIFO as well).
 - A model idle for `idle_seconds` is evicted and its memory released.
 - A waiter that is cancelled (its client went away) leaves the queue.
+- Admission is bounded: past `max_model_queue` requests waiting for one model, or `max_queue` waiting
+  across the server, a new request is refused at once (429 with Retry-After) instead of queueing
+  without end; one that waits longer than `queue_timeout` seconds gives up with a 503.
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+from swama.engine.errors import EngineError
 from swama.engine.model import LoadedModel, load_model
 from swama.engine.store import ModelStore
 
 log = logging.getLogger("swama.pool")
+RETRY_AFTER_SECONDS = 1
 
 
 @dataclass
@@ -34,10 +39,15 @@ class _Entry:
 
 class ModelPool:
     def __init__(self, store: ModelStore, *, idle_seconds: float = 300, max_concurrent: int = 3,
+                 max_queue: int = 64, max_model_queue: int = 32, queue_timeout: float = 600,
                  loader: Callable[[str, object], LoadedModel] = load_model) -> None:
         self.store = store
         self.idle_seconds = idle_seconds
         self.loader = loader
+        self.max_concurrent = max_concurrent
+        self.max_queue = max_queue
+        self.max_model_queue = max_model_queue
+        self.queue_timeout = queue_timeout
         self._slots = asyncio.Semaphore(max_concurrent)
         self._entries: dict[str, _Entry] = {}
         self._reaper: asyncio.Task[None] | None = None
@@ -69,21 +79,61 @@ class ModelPool:
         # shield: one waiter's cancellation must not cancel the shared load
         return await asyncio.shield(entry.loading)
 
+    def waiting(self) -> int:
+        """Requests admitted and not yet running, across all models."""
+        return sum(e.active for e in self._entries.values()) - sum(
+            1 for e in self._entries.values() if e.lock.locked())
+
+    def _admit(self, model_id: str, entry: _Entry) -> None:
+        busy = {"Retry-After": str(RETRY_AFTER_SECONDS)}
+        waiting_here = entry.active - (1 if entry.lock.locked() else 0)
+        if not (entry.lock.locked() or waiting_here or self._slots.locked()):
+            return  # it runs at once: nothing to queue behind
+        if waiting_here >= self.max_model_queue:
+            raise EngineError(429, f"Too many requests: server at capacity for model '{model_id}' "
+                                   f"({waiting_here} waiting, the limit is {self.max_model_queue}, "
+                                   f"--max-model-queue); retry after {RETRY_AFTER_SECONDS} s.",
+                              "rate_limit_exceeded", headers=busy)
+        if self.waiting() >= self.max_queue:
+            raise EngineError(429, f"Too many requests: server at capacity ({self.waiting()} waiting across "
+                                   f"models, the limit is {self.max_queue}, --max-queue); retry after "
+                                   f"{RETRY_AFTER_SECONDS} s.", "rate_limit_exceeded", headers=busy)
+
+    async def _acquire(self, lock: asyncio.Lock | asyncio.Semaphore, deadline: float, model_id: str) -> None:
+        try:
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                await lock.acquire()
+        except TimeoutError:
+            raise EngineError(503, f"Timed out after {self.queue_timeout:g} s waiting for model '{model_id}' "
+                                   "(--queue-timeout); the server is busy, retry later.", "queue_timeout",
+                              headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
+
     @contextlib.asynccontextmanager
-    async def use(self, name: str) -> AsyncIterator[LoadedModel]:
-        """Hold `name` exclusively (FIFO) for one operation."""
+    async def use(self, name: str, *, admit: bool = True) -> AsyncIterator[LoadedModel]:
+        """Hold `name` exclusively (FIFO) for one operation. `admit=False` is for the later turns of
+        work already admitted (a decision request's questions), which are never refused."""
         installed = self.store.get(name)  # ModelNotInstalled before any waiting
         self._ensure_reaper()
         entry = self._entries.setdefault(installed.id, _Entry())
+        if admit:
+            self._admit(installed.id, entry)
         entry.active += 1
+        deadline = time.monotonic() + self.queue_timeout
         try:
-            async with entry.lock, self._slots:
-                model = await self._load(installed.id, entry)
-                entry.last_used = time.monotonic()
+            await self._acquire(entry.lock, deadline, installed.id)
+            try:
+                await self._acquire(self._slots, deadline, installed.id)
                 try:
-                    yield model
-                finally:
+                    model = await self._load(installed.id, entry)
                     entry.last_used = time.monotonic()
+                    try:
+                        yield model
+                    finally:
+                        entry.last_used = time.monotonic()
+                finally:
+                    self._slots.release()
+            finally:
+                entry.lock.release()
         finally:
             entry.active -= 1
 

@@ -37,6 +37,9 @@ class EngineOptions:
     max_concurrent: int = 3
     decision_prefix_reuse: bool = True
     default_max_tokens: int | None = None
+    max_queue: int = 64  # requests waiting across the server before new ones are refused (429)
+    max_model_queue: int = 32  # requests waiting for one model before new ones are refused (429)
+    queue_timeout: float = 600  # seconds a request may wait for its model before giving up (503)
 
 
 class _Failure:
@@ -93,7 +96,8 @@ class Engine:
         self.options = options
         self.store = ModelStore(options.models_root)
         self.pool = ModelPool(self.store, idle_seconds=options.idle_seconds,
-                              max_concurrent=options.max_concurrent)
+                              max_concurrent=options.max_concurrent, max_queue=options.max_queue,
+                              max_model_queue=options.max_model_queue, queue_timeout=options.queue_timeout)
 
     def installed(self, name: str) -> InstalledModel:
         """The installed model for `name`; 404 when it is not installed (the server never downloads)."""
@@ -123,6 +127,11 @@ class Engine:
 
     async def chat(self, model_id: str, request: ChatRequest) -> AsyncIterator[Event]:
         """Events of one generation on a model `resolve` found. Stop iterating (or `aclose()`) to cancel."""
+        limit = request.effective_context_limit
+        if request.max_tokens is not None and request.max_tokens > limit:
+            raise EngineError(400, f"The requested maximum of {request.max_tokens} output tokens is larger than "
+                                   f"the context window of {limit} tokens (prompt included).",
+                              "context_length_exceeded")
         if request.max_tokens is None:
             request.max_tokens = self.options.default_max_tokens
         try:
@@ -144,7 +153,7 @@ class Engine:
         run: DecisionRun | None = None
         try:
             while run is None or not run.done:
-                async with self.pool.use(model_id) as model:
+                async with self.pool.use(model_id, admit=run is None) as model:
                     if run is None:
                         run = DecisionRun(model, job, prefix_reuse=self.options.decision_prefix_reuse)
                         step = run.start

@@ -66,7 +66,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     engine = Engine(EngineOptions(models_root=settings.models_root, context_limit=settings.context_limit,
                                   idle_seconds=settings.idle_seconds,
                                   decision_prefix_reuse=settings.decision_prefix_reuse,
-                                  default_max_tokens=settings.default_max_tokens))
+                                  default_max_tokens=settings.default_max_tokens,
+                                  max_queue=settings.max_queue, max_model_queue=settings.max_model_queue,
+                                  queue_timeout=settings.queue_timeout))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -39,6 +39,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         settings.context_limit = args.context_limit
     if args.max_tokens is not None:
         settings.default_max_tokens = args.max_tokens
+    for name in ("max_queue", "max_model_queue", "queue_timeout"):
+        if getattr(args, name) is not None:
+            setattr(settings, name, getattr(args, name))
     if args.no_decision_prefix_cache:
         settings.decision_prefix_reuse = False
     settings.default_model = args.model
@@ -184,6 +187,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-tokens", type=int, default=None,
                        help="cap for generations that ask for no limit (default: the context limit; "
                             "env SWAMA_MAX_TOKENS)")
+    serve.add_argument("--max-queue", type=int, default=None, metavar="N",
+                       help="requests that may wait across all models before new ones get 429 with Retry-After "
+                            "(default 64, env SWAMA_MAX_QUEUE)")
+    serve.add_argument("--max-model-queue", type=int, default=None, metavar="N",
+                       help="requests that may wait for one model before new ones get 429 (default 32, env "
+                            "SWAMA_MAX_MODEL_QUEUE)")
+    serve.add_argument("--queue-timeout", type=float, default=None, metavar="SECONDS",
+                       help="how long a request may wait for its model before it gets 503 (default 600, env "
+                            "SWAMA_QUEUE_TIMEOUT)")
     serve.add_argument("--no-decision-prefix-cache", action="store_true",
                        help="score every decision question from a fresh cache (bit-exact repeats of single "
                             "questions) instead of sharing one prefill of the common prefix; env "

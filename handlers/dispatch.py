@@ -342,4 +342,4 @@ async def dispatch(op: Operation, request: Request) -> Response:
 
 def engine_error(exc: EngineError) -> ApiError:
     param = "model" if exc.code == "model_not_found" else exc.param
-    return ApiError(exc.status, exc.message, code=exc.code, param=param)
+    return ApiError(exc.status, exc.message, code=exc.code, param=param, headers=exc.headers)

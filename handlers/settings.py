@@ -28,6 +28,9 @@ class Settings:
     # A cap for generations that set no max_tokens / max_output_tokens (None: up to the context limit).
     default_max_tokens: int | None = field(
         default_factory=lambda: int(os.environ["SWAMA_MAX_TOKENS"]) if os.environ.get("SWAMA_MAX_TOKENS") else None)
+    max_queue: int = field(default_factory=lambda: int(os.environ.get("SWAMA_MAX_QUEUE", 64)))
+    max_model_queue: int = field(default_factory=lambda: int(os.environ.get("SWAMA_MAX_MODEL_QUEUE", 32)))
+    queue_timeout: float = field(default_factory=lambda: float(os.environ.get("SWAMA_QUEUE_TIMEOUT", 600)))
     idle_seconds: float = field(default_factory=lambda: float(os.environ.get("SWAMA_IDLE_SECONDS", 300)))
     # Decisions share one prefill of the common prefix across questions; off = a fresh cache each.
     decision_prefix_reuse: bool = field(
