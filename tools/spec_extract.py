@@ -199,7 +199,9 @@ ERROR_STATUSES = {
     "401": "Missing or wrong API key",
     "404": "Model not installed",
     "413": "Request body too large",
+    "429": "Too many requests waiting; retry after the Retry-After header's seconds",
     "500": "Server failure",
+    "503": "Timed out waiting for the model",
 }
 
 
