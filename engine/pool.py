@@ -79,6 +79,10 @@ class ModelPool:
         # shield: one waiter's cancellation must not cancel the shared load
         return await asyncio.shield(entry.loading)
 
+    def running(self) -> int:
+        """Operations holding a model now."""
+        return sum(1 for e in self._entries.values() if e.lock.locked())
+
     def waiting(self) -> int:
         """Requests admitted and not yet running, across all models."""
         return sum(e.active for e in self._entries.values()) - sum(

@@ -18,7 +18,7 @@ from swama.engine.checkpoints import CheckpointResult, predict
 from swama.engine.decide import DecisionJob, DecisionResult, DecisionRun
 from swama.engine.embeddings import Embeddings, check_dimensions, embed, spec_of, tokenize
 from swama.engine.errors import Cancelled, EngineError
-from swama.engine.generator import ChatRequest, Event, generate
+from swama.engine.generator import ChatRequest, Event, Finished, generate
 from swama.engine.model_kinds import LANGUAGE, SPEECH_TO_TEXT, VISION
 from swama.engine.pool import ModelPool
 from swama.engine.speech import Segment, synthesize
@@ -95,6 +95,10 @@ class Engine:
     def __init__(self, options: EngineOptions) -> None:
         self.options = options
         self.store = ModelStore(options.models_root)
+        # Observers the server hangs its metrics on: (model id, Finished) per generation, and
+        # (model id, questions, shared prefix tokens) per decision request.
+        self.on_generation: Callable[[str, Any], None] | None = None
+        self.on_decisions: Callable[[str, int, int], None] | None = None
         self.pool = ModelPool(self.store, idle_seconds=options.idle_seconds,
                               max_concurrent=options.max_concurrent, max_queue=options.max_queue,
                               max_model_queue=options.max_model_queue, queue_timeout=options.queue_timeout)
@@ -137,6 +141,8 @@ class Engine:
         try:
             async with self.pool.use(model_id) as model:
                 async for event in iterate_in_thread(lambda cancel: generate(model, request, cancel)):
+                    if isinstance(event, Finished) and self.on_generation is not None:
+                        self.on_generation(model_id, event)
                     yield event
         except ModelNotInstalled:
             raise EngineError(404, "The model is not available locally.", "model_not_found") from None
@@ -162,7 +168,10 @@ class Engine:
                     await _in_thread(step)
         except ModelNotInstalled:
             raise EngineError(404, "The model is not available locally.", "model_not_found") from None
-        yield run.result()
+        result = run.result()
+        if self.on_decisions is not None:
+            self.on_decisions(model_id, len(result.answers), result.shared_prefix_tokens)
+        yield result
 
     async def predict_checkpoint(self, model_id: str, state: Any, questions: dict[str, dict[str, Any]],
                                  images: list[Any]) -> CheckpointResult:

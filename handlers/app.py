@@ -12,12 +12,13 @@ from typing import Any
 
 import yaml
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from swama.engine.service import Engine, EngineOptions
 from swama.generated.routes import OPERATIONS, router
 from swama.handlers.errors import ApiError, error_body
+from swama.handlers.observability import AccessMiddleware, Metrics
 from swama.handlers.settings import Settings
 from swama.handlers.version import package_version
 
@@ -83,6 +84,24 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.get("/openapi.json", include_in_schema=False)
     async def openapi() -> JSONResponse:
         return JSONResponse(merged_spec())
+
+    metrics = Metrics(engine)
+    engine.on_generation = metrics.generation_finished
+    engine.on_decisions = metrics.decisions_scored
+    app.add_middleware(AccessMiddleware, metrics=metrics)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def prometheus() -> Response:
+        body, media_type = metrics.exposition()
+        return Response(body, media_type=media_type)
+
+    @app.get("/health", include_in_schema=False)
+    async def health() -> JSONResponse:
+        from swama.engine.runtime import loaded_blas
+
+        return JSONResponse({"status": "ok", "version": package_version(), "models_loaded": engine.pool.loaded(),
+                             "running": engine.pool.running(), "waiting": engine.pool.waiting(),
+                             "blas": loaded_blas() or "bundled"})
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -63,8 +63,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     app = create_app(settings)
     print(f"swama listening on http://{settings.host}:{settings.port}  (models: {settings.models_root})",
           file=sys.stderr)
+    # swama writes its own access line per request (with the request id), so uvicorn's is off.
+    logging.getLogger("swama.access").setLevel(args.log_level.upper())
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level,
-                timeout_graceful_shutdown=3)
+                timeout_graceful_shutdown=3, access_log=False)
     return 0
 
 

@@ -1,0 +1,118 @@
+"""GET /metrics (Prometheus text), GET /health, and one access-log line per request with its id.
+
+These are operational endpoints beside the API: they are not part of any pinned OpenAPI document.
+Every response carries `x-request-id` (the client's own, when it sent a sane one), and the access
+log line names it, so a client's report can be matched with the server's log.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from swama.engine.generator import Finished
+
+access_log = logging.getLogger("swama.access")
+REQUEST_ID = "x-request-id"
+_CLIENT_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+# Seconds; generation on a CPU runs from tens of milliseconds per token to seconds to the first one.
+TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
+TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2)
+
+Scope = dict[str, Any]
+ASGIApp = Callable[[Scope, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
+
+
+class Metrics:
+    """The server's metrics, in a registry of its own (one per app)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("swama_requests", "HTTP requests answered, by route and status",
+                                ["method", "route", "status"], registry=r)
+        self.prompt_tokens = Counter("swama_prompt_tokens", "Prompt tokens of finished generations", ["model"],
+                                     registry=r)
+        self.generated_tokens = Counter("swama_generated_tokens", "Tokens generated", ["model"], registry=r)
+        self.ttft = Histogram("swama_time_to_first_token_seconds", "Prefill time of a generation, to its first "
+                              "token", ["model"], buckets=TTFT_BUCKETS, registry=r)
+        self.per_token = Histogram("swama_time_per_output_token_seconds", "Mean decode time per token of a "
+                                   "generation", ["model"], buckets=TOKEN_BUCKETS, registry=r)
+        self.decision_questions = Counter("swama_decision_questions", "Decision questions scored", ["model"],
+                                          registry=r)
+        self.prompt_cache_hits = Counter("swama_prompt_cache_hit_tokens", "Prompt tokens served from a cache "
+                                         "(decision prefixes shared across questions)", ["model"], registry=r)
+        waiting = Gauge("swama_queue_waiting", "Requests admitted and waiting for their model", registry=r)
+        waiting.set_function(lambda: engine.pool.waiting())
+        running = Gauge("swama_running", "Operations running on a model now", registry=r)
+        running.set_function(lambda: engine.pool.running())
+        loaded = Gauge("swama_models_loaded", "Models in memory", registry=r)
+        loaded.set_function(lambda: len(engine.pool.loaded()))
+
+    def generation_finished(self, model: str, done: Finished) -> None:
+        self.prompt_tokens.labels(model).inc(done.prompt_tokens)
+        self.generated_tokens.labels(model).inc(done.completion_tokens)
+        self.ttft.labels(model).observe(done.prompt_seconds)
+        if done.completion_tokens > 1:
+            self.per_token.labels(model).observe(done.generation_seconds / (done.completion_tokens - 1))
+
+    def decisions_scored(self, model: str, questions: int, shared_prefix_tokens: int) -> None:
+        self.decision_questions.labels(model).inc(questions)
+        if questions > 1 and shared_prefix_tokens:
+            self.prompt_cache_hits.labels(model).inc(shared_prefix_tokens * (questions - 1))
+
+    def exposition(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def _route_label(scope: Scope) -> str:
+    """The route template (`/v1/chat/completions`, `/accounts/{account_id}/...`), not the raw path, so
+    the label set stays small; unmatched paths count under one label."""
+    route = scope.get("route")
+    return getattr(route, "path", None) or "unmatched"
+
+
+class AccessMiddleware:
+    """Pure ASGI (no response buffering, so streams and disconnects behave as without it): adds the
+    request id, counts the response by route and status, and writes the access-log line."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[dict]],
+                       send: Callable[[dict], Awaitable[None]]) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        sent = dict(scope.get("headers") or []).get(REQUEST_ID.encode(), b"").decode("latin-1")
+        request_id = sent if _CLIENT_ID.fullmatch(sent) else f"req-{uuid.uuid4().hex[:16]}"
+        status = {"code": 500}
+        start = time.perf_counter()
+
+        async def send_with_id(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+                message = {**message, "headers": [*message.get("headers", []),
+                                                  (REQUEST_ID.encode(), request_id.encode())]}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            self.metrics.requests.labels(scope["method"], _route_label(scope), str(status["code"])).inc()
+            access_log.info("%s %s %s %d %.3fs", request_id, scope["method"], scope["path"], status["code"],
+                            time.perf_counter() - start)
