@@ -37,6 +37,14 @@ class _Entry:
     active: int = 0
 
 
+def _load_failed(model_id: str, path: object, exc: Exception) -> EngineError:
+    """A model whose files do not load: damaged, incomplete or not what their config says."""
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return EngineError(500, f"Model '{model_id}' could not be loaded from {path}: {reason[:300]}. Its files may "
+                            f"be damaged or incomplete; reinstall it (swama rm {model_id}, then swama pull or "
+                            "swama create).", "model_load_failed")
+
+
 class ModelPool:
     def __init__(self, store: ModelStore, *, idle_seconds: float = 300, max_concurrent: int = 3,
                  max_queue: int = 64, max_model_queue: int = 32, queue_timeout: float = 600,
@@ -67,6 +75,9 @@ class ModelPool:
                 try:
                     model = await asyncio.to_thread(self.loader, installed.id, installed.path)
                 except BaseException as exc:  # every waiter sees the failure; the next request retries
+                    if isinstance(exc, Exception) and not isinstance(exc, EngineError):
+                        log.warning("could not load %s: %s", installed.id, exc)
+                        exc = _load_failed(installed.id, installed.path, exc)
                     entry.loading.set_exception(exc)
                     entry.loading.exception()  # mark retrieved
                     entry.loading = None

@@ -27,6 +27,7 @@ from typing import Any
 import pydantic
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
+from starlette.requests import ClientDisconnect
 
 from swama.engine.errors import EngineError
 from swama.engine.scorer import DecisionError
@@ -325,6 +326,10 @@ async def dispatch(op: Operation, request: Request) -> Response:
             else:
                 parsed = parse_json_request(op, rules, call.body)
         result = await handler(call, parsed)
+    except ClientDisconnect:
+        # The client went away before its body arrived: nobody is left to answer.
+        log.info("client disconnected before sending the whole body of %s", op.operation_id)
+        return Response(status_code=499)
     except ApiError as err:
         return error_response(op, err, call.extra_headers)
     except EngineError as exc:
