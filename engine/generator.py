@@ -16,6 +16,7 @@ from typing import Any
 from swama.engine.chat_prompt import Prompt, build_prompt, template_renders_tools
 from swama.engine.errors import Cancelled, EngineError
 from swama.engine.model import LoadedModel
+from swama.engine.prompt_cache import PromptCache, cacheable
 from swama.engine.scorer import IMAGES_NEED_VISION
 from swama.engine.tool_calls import ToolCall, ToolCallSplitter, tool_format
 from swama.engine.vision import MULTIMODAL_CONTEXT_LIMIT, Prefill
@@ -80,6 +81,7 @@ class Finished:
     completion_tokens: int
     prompt_seconds: float
     generation_seconds: float
+    cached_tokens: int = 0  # prompt tokens resumed from the prompt cache instead of prefilled
 
 
 Event = TextDelta | ToolCallEvent | Finished
@@ -144,6 +146,23 @@ class _StopMatcher:
         return out
 
 
+def _resume(model: LoadedModel, net: Any, ids: list[int]) -> tuple[PromptCache | None, list[Any] | None, int]:
+    """The model's prompt cache, the cache to run this prompt on, and how many of its tokens that
+    cache already holds; (None, None, 0) where the model keeps no prompt cache."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    store = model.caches.get("prompt_cache")
+    if store is None:
+        return None, None, 0
+    cache, reused = store.take(ids)
+    if cache is None:
+        cache = make_prompt_cache(net)
+        if not cacheable(cache):
+            model.caches["prompt_cache"] = None  # sliding-window or recurrent layers: cannot be cut back
+            return None, None, 0
+    return store, cache, reused
+
+
 def generate(model: LoadedModel, request: ChatRequest, cancel: threading.Event) -> Iterator[Event]:
     """Run one generation; raises Cancelled when `cancel` is set before it finishes."""
     import mlx.core as mx
@@ -191,7 +210,11 @@ def generate(model: LoadedModel, request: ChatRequest, cancel: threading.Event) 
         # One prefill call: the multimodal inputs (positions, masks) cover the whole prompt.
         net.expect(prefill)
         extra = {"input_embeddings": prefill.embeddings[0], "prefill_step_size": len(ids)}
-    steps = generate_step(mx.array(ids), net, max_tokens=max_tokens, sampler=sampler,
+    store, cache, reused = _resume(model, net, ids) if prefill is None else (None, None, 0)
+    if cache is not None:
+        extra["prompt_cache"] = cache
+    seen: list[int] = []
+    steps = generate_step(mx.array(ids[reused:]), net, max_tokens=max_tokens, sampler=sampler,
                           logits_processors=processors, max_kv_size=request.context_limit, **extra)
     try:
         for token, _ in steps:
@@ -200,6 +223,7 @@ def generate(model: LoadedModel, request: ChatRequest, cancel: threading.Event) 
             if first_token_at is None:
                 first_token_at = time.perf_counter()
             token = int(token)
+            seen.append(token)
             if token in model.eos_ids:
                 finish = "stop"
                 break
@@ -216,6 +240,9 @@ def generate(model: LoadedModel, request: ChatRequest, cancel: threading.Event) 
         steps.close()
     if cancel.is_set():
         raise Cancelled()
+    if store is not None:
+        # Every token the cache holds: the prompt, then what was generated and fed back.
+        store.put((list(ids) + seen)[: cache[0].offset], cache)
     detok.finalize()
     if not stop_hit:
         tail, stop_hit = stopper.feed(detok.last_segment)
@@ -230,4 +257,4 @@ def generate(model: LoadedModel, request: ChatRequest, cancel: threading.Event) 
     end = time.perf_counter()
     first_token_at = first_token_at or end
     yield Finished("tool_calls" if saw_call else finish, len(ids), n,
-                   first_token_at - start, end - first_token_at)
+                   first_token_at - start, end - first_token_at, reused)

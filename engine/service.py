@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -21,6 +21,7 @@ from swama.engine.errors import Cancelled, EngineError
 from swama.engine.generator import ChatRequest, Event, Finished, generate
 from swama.engine.model_kinds import LANGUAGE, SPEECH_TO_TEXT, VISION
 from swama.engine.pool import ModelPool
+from swama.engine.prompt_cache import PromptCache, default_budget
 from swama.engine.speech import Segment, synthesize
 from swama.engine.store import InstalledModel, ModelNotInstalled, ModelStore
 from swama.engine.transcription import Transcript, is_multilingual, transcribe
@@ -40,6 +41,7 @@ class EngineOptions:
     max_queue: int = 64  # requests waiting across the server before new ones are refused (429)
     max_model_queue: int = 32  # requests waiting for one model before new ones are refused (429)
     queue_timeout: float = 600  # seconds a request may wait for its model before giving up (503)
+    prompt_cache_bytes: int = field(default_factory=default_budget)  # per model; 0: no prompt cache
 
 
 class _Failure:
@@ -140,6 +142,8 @@ class Engine:
             request.max_tokens = self.options.default_max_tokens
         try:
             async with self.pool.use(model_id) as model:
+                if self.options.prompt_cache_bytes > 0 and model.kind == LANGUAGE:
+                    model.caches.setdefault("prompt_cache", PromptCache(self.options.prompt_cache_bytes))
                 async for event in iterate_in_thread(lambda cancel: generate(model, request, cancel)):
                     if isinstance(event, Finished) and self.on_generation is not None:
                         self.on_generation(model_id, event)

@@ -187,7 +187,8 @@ def _wire_call(index: int, call: Any) -> dict[str, Any]:
 
 def _usage(done: Finished) -> dict[str, Any]:
     return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
-            "total_tokens": done.prompt_tokens + done.completion_tokens}
+            "total_tokens": done.prompt_tokens + done.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": done.cached_tokens}}
 
 
 @route(RULES)

@@ -39,7 +39,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         settings.context_limit = args.context_limit
     if args.max_tokens is not None:
         settings.default_max_tokens = args.max_tokens
-    for name in ("max_queue", "max_model_queue", "queue_timeout"):
+    for name in ("max_queue", "max_model_queue", "queue_timeout", "prompt_cache_bytes"):
         if getattr(args, name) is not None:
             setattr(settings, name, getattr(args, name))
     if args.no_decision_prefix_cache:
@@ -198,6 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--queue-timeout", type=float, default=None, metavar="SECONDS",
                        help="how long a request may wait for its model before it gets 503 (default 600, env "
                             "SWAMA_QUEUE_TIMEOUT)")
+    serve.add_argument("--prompt-cache-bytes", type=int, default=None, metavar="BYTES",
+                       help="key/value cache kept per model so a conversation's next turn resumes its prompt "
+                            "instead of prefilling it again (default: a tenth of memory, at most 4 GiB; 0 turns "
+                            "it off; env SWAMA_PROMPT_CACHE_BYTES, or SWAMA_PROMPT_CACHE=0)")
     serve.add_argument("--no-decision-prefix-cache", action="store_true",
                        help="score every decision question from a fresh cache (bit-exact repeats of single "
                             "questions) instead of sharing one prefill of the common prefix; env "

@@ -68,11 +68,11 @@ def function_call_stub(item_id: str, call: ToolCall) -> dict[str, Any]:
     return {**function_call_item(item_id, call, "in_progress"), "arguments": ""}
 
 
-def usage_payload(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-    # No prompt-cache or reasoning accounting exists locally, so zero is the true value.
+def usage_payload(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    # cached_tokens: prompt tokens resumed from the prompt cache; no reasoning accounting exists locally.
     return {"input_tokens": prompt_tokens, "output_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
-            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
             "output_tokens_details": {"reasoning_tokens": 0}}
 
 
@@ -227,7 +227,7 @@ class ResponseStream:
             ]
         self._terminated = True
         self.response = self._object(status, [self._item(s, status) for s in self._slots],
-                                     usage_payload(done.prompt_tokens, done.completion_tokens),
+                                     usage_payload(done.prompt_tokens, done.completion_tokens, done.cached_tokens),
                                      incomplete_reason="max_output_tokens" if incomplete else None)
         frames.append(self._frame(f"response.{status}", response=self.response))
         return frames

@@ -31,6 +31,10 @@ class Settings:
     max_queue: int = field(default_factory=lambda: int(os.environ.get("SWAMA_MAX_QUEUE", 64)))
     max_model_queue: int = field(default_factory=lambda: int(os.environ.get("SWAMA_MAX_MODEL_QUEUE", 32)))
     queue_timeout: float = field(default_factory=lambda: float(os.environ.get("SWAMA_QUEUE_TIMEOUT", 600)))
+    # Bytes of key/value cache kept per model for resuming prompts (0: off; SWAMA_PROMPT_CACHE=0 too).
+    prompt_cache_bytes: int | None = field(default_factory=lambda: 0 if os.environ.get("SWAMA_PROMPT_CACHE") == "0"
+                                           else int(os.environ["SWAMA_PROMPT_CACHE_BYTES"])
+                                           if os.environ.get("SWAMA_PROMPT_CACHE_BYTES") else None)
     idle_seconds: float = field(default_factory=lambda: float(os.environ.get("SWAMA_IDLE_SECONDS", 300)))
     # Decisions share one prefill of the common prefix across questions; off = a fresh cache each.
     decision_prefix_reuse: bool = field(

@@ -1,0 +1,108 @@
+"""A per-model prompt cache of several entries: a new request resumes from the entry sharing the
+longest token prefix with its prompt, so interleaved conversations each keep their own prefix.
+
+An entry is taken out while a generation extends it (one operation per model runs at a time) and
+put back with every token its cache holds. Entries are evicted least recently used first once
+their key/value arrays exceed the byte budget. Only caches that can be cut back to any prefix
+(plain attention key/value caches) take part; sliding-window and recurrent layers cannot be cut
+back, so models with them always prefill in full.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_FRACTION = 0.10  # of physical memory, when --prompt-cache-bytes is not given
+DEFAULT_CAP = 4 << 30
+
+
+def default_budget() -> int:
+    """A tenth of the machine's memory, at most 4 GiB."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 1 << 30
+    return int(min(DEFAULT_CAP, total * DEFAULT_FRACTION))
+
+
+def cacheable(cache: list[Any]) -> bool:
+    from mlx_lm.models.cache import KVCache
+
+    return all(type(c) is KVCache for c in cache)
+
+
+def _common_prefix(a: tuple[int, ...], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _prefix_copy(cache: list[Any], n: int) -> list[Any]:
+    """New caches holding the first `n` positions: sliced arrays, so writes to one never reach the other."""
+    from mlx_lm.models.cache import KVCache
+
+    copies = []
+    for layer in cache:
+        copy = KVCache()
+        copy.keys, copy.values, copy.offset = layer.keys[..., :n, :], layer.values[..., :n, :], n
+        copies.append(copy)
+    return copies
+
+
+@dataclass
+class _Entry:
+    tokens: tuple[int, ...]
+    cache: list[Any]
+    nbytes: int
+
+
+class PromptCache:
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._entries: OrderedDict[int, _Entry] = OrderedDict()
+        self._next = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(e.nbytes for e in self._entries.values())
+
+    def take(self, ids: list[int]) -> tuple[list[Any] | None, int]:
+        """A cache holding the longest prefix of `ids` any entry shares (at most all but the last
+        token, which must be run to get logits), and that prefix's length; (None, 0) when no entry
+        shares a token. An entry the prompt fully extends is handed over; one it parts from midway
+        stays for its own conversation, and the prompt gets a copy of the shared part."""
+        best, best_len = None, 0
+        for key, entry in self._entries.items():
+            shared = _common_prefix(entry.tokens, ids)
+            if shared > best_len:
+                best, best_len = key, shared
+        reuse = min(best_len, len(ids) - 1)
+        if best is None or reuse <= 0:
+            return None, 0
+        entry = self._entries[best]
+        if reuse == len(entry.tokens):
+            del self._entries[best]
+            return entry.cache, reuse
+        self._entries.move_to_end(best)
+        return _prefix_copy(entry.cache, reuse), reuse
+
+    def put(self, tokens: list[int], cache: list[Any]) -> None:
+        """Keep `cache` (holding `tokens`) for later requests; the oldest entries go past the budget."""
+        nbytes = sum(c.nbytes for c in cache)
+        if not tokens or nbytes > self.budget:
+            return
+        # An entry that is a prefix of the new one holds nothing the new one lacks.
+        for key in [k for k, e in self._entries.items() if _common_prefix(e.tokens, tokens) == len(e.tokens)]:
+            del self._entries[key]
+        self._entries[self._next] = _Entry(tuple(tokens), cache, nbytes)
+        self._next += 1
+        while self.nbytes > self.budget:
+            self._entries.popitem(last=False)

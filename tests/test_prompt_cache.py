@@ -1,0 +1,122 @@
+"""The multi-entry prompt cache: a conversation's next turn resumes from its own prefix, interleaved
+conversations keep theirs, the byte budget evicts the least recently used, and answers do not change."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import SMOLLM2_ID, install_folder
+
+from live_server import LiveServer, start_server
+from swama.engine.generator import ChatRequest, Finished, Sampling, TextDelta, generate
+from swama.engine.model import LoadedModel, load_model
+from swama.engine.prompt_cache import PromptCache
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_dir: Path) -> LoadedModel:
+    return load_model(SMOLLM2_ID, smollm2_dir)
+
+
+def _turn(model: LoadedModel, messages: list[dict], max_tokens: int = 12) -> tuple[str, Finished]:
+    request = ChatRequest(messages=messages, sampling=Sampling(temperature=0.0), max_tokens=max_tokens,
+                          context_limit=4096)
+    text, done = [], None
+    for event in generate(model, request, threading.Event()):
+        if isinstance(event, TextDelta):
+            text.append(event.text)
+        elif isinstance(event, Finished):
+            done = event
+    assert done is not None
+    return "".join(text), done
+
+
+def _conversation(model: LoadedModel, opening: str, follow_ups: list[str]) -> Iterator[tuple[str, Finished]]:
+    messages = [{"role": "user", "content": opening}]
+    for follow_up in [None, *follow_ups]:
+        if follow_up is not None:
+            messages.append({"role": "user", "content": follow_up})
+        reply, done = _turn(model, messages)
+        messages.append({"role": "assistant", "content": reply})
+        yield reply, done
+
+
+def test_later_turns_resume_their_prefix_and_answer_as_a_full_prefill_does(smollm2: LoadedModel) -> None:
+    follow_ups = ["And what about Germany?", "Which of the two is larger?"]
+    smollm2.caches.pop("prompt_cache", None)
+    cold = list(_conversation(smollm2, "What is the capital of France?", follow_ups))
+    smollm2.caches["prompt_cache"] = PromptCache(1 << 30)
+    try:
+        warm = list(_conversation(smollm2, "What is the capital of France?", follow_ups))
+    finally:
+        smollm2.caches.pop("prompt_cache", None)
+    assert [reply for reply, _ in warm] == [reply for reply, _ in cold]
+    assert [done.cached_tokens for _, done in cold] == [0, 0, 0]
+    assert warm[0][1].cached_tokens == 0
+    for (_, before), (_, done) in zip(warm, warm[1:], strict=False):
+        # Everything up to the previous reply is reused; only the new turn is prefilled.
+        assert before.prompt_tokens <= done.cached_tokens < done.prompt_tokens
+
+
+def test_interleaved_conversations_both_keep_their_prefix(smollm2: LoadedModel) -> None:
+    smollm2.caches["prompt_cache"] = store = PromptCache(1 << 30)
+    try:
+        a, b = [{"role": "user", "content": "Name a fruit."}], [{"role": "user", "content": "Name a color."}]
+        openings = []
+        for messages in (a, b):
+            reply, done = _turn(smollm2, messages)
+            openings.append(done)
+            messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "Another one?"}]
+        # B shares only the chat template's opening (its system prompt) with A, and A's entry stays whole.
+        assert openings[0].cached_tokens == 0 and 0 < openings[1].cached_tokens < openings[1].prompt_tokens - 3
+        for messages, opening in zip((a, b), openings, strict=True):  # A's second turn, then B's
+            _, done = _turn(smollm2, messages)
+            assert done.cached_tokens >= opening.prompt_tokens  # each found its own conversation
+        assert len(store) == 2
+    finally:
+        smollm2.caches.pop("prompt_cache", None)
+
+
+def test_the_byte_budget_evicts_the_least_recently_used(smollm2: LoadedModel) -> None:
+    smollm2.caches["prompt_cache"] = store = PromptCache(1 << 30)
+    try:
+        _turn(smollm2, [{"role": "user", "content": "Name a fruit."}], max_tokens=4)
+        one = store.nbytes
+        store.budget = int(one * 1.5)  # room for one entry of this size, not two
+        _turn(smollm2, [{"role": "user", "content": "Name a color."}], max_tokens=4)
+        assert len(store) == 1 and store.nbytes <= store.budget
+        _, done = _turn(smollm2, [{"role": "user", "content": "Name a color."}], max_tokens=4)
+        assert done.cached_tokens > 5  # the newer entry stayed
+    finally:
+        smollm2.caches.pop("prompt_cache", None)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterator[LiveServer]:
+    root = tmp_path_factory.mktemp("prompt-cache-store")
+    install_folder(root, SMOLLM2_ID, smollm2_dir)
+    live = start_server(root, root.parent / "prompt-cache.log")
+    yield live
+    live.stop()
+
+
+def test_usage_reports_the_cached_tokens_on_chat_and_responses(server: LiveServer) -> None:
+    messages = [{"role": "user", "content": "Say hello."}]
+    first = httpx.post(server.v1 + "/chat/completions", timeout=120,
+                       json={"model": "smollm2", "messages": messages, "max_tokens": 6, "temperature": 0}).json()
+    assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    messages += [{"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+                 {"role": "user", "content": "Again."}]
+    second = httpx.post(server.v1 + "/chat/completions", timeout=120,
+                        json={"model": "smollm2", "messages": messages, "max_tokens": 6, "temperature": 0}).json()
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= first["usage"]["prompt_tokens"]
+    r = httpx.post(server.v1 + "/responses", timeout=120, json={
+        "model": "smollm2", "max_output_tokens": 6, "input": [
+            {"role": "user", "content": "Say hello."},
+            {"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+            {"role": "user", "content": "Again."}]}).json()
+    assert r["usage"]["input_tokens_details"]["cached_tokens"] >= first["usage"]["prompt_tokens"]
