@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from swama.engine.errors import Cancelled, EngineError
-from swama.engine.model import LoadedModel, _cast
+from swama.engine.model import LoadedModel, cast_for_device
 from swama.engine.model_kinds import EMBEDDING
 
 # Architectures whose embeddings were trained to be truncated (Matryoshka representation learning):
@@ -74,7 +74,7 @@ def load_embedding_model(model_id: str, path: Path) -> LoadedModel:
     from mlx_embeddings.utils import load
 
     model, wrapper = load(str(path))
-    _cast(model)
+    cast_for_device(model)
     tokenizer = getattr(wrapper, "_tokenizer", wrapper)  # the Hugging Face tokenizer inside the wrapper
     config = _read_json(path / "config.json")
     loaded = LoadedModel(model_id, path, model, tokenizer, config, set(), kind=EMBEDDING)

@@ -69,7 +69,7 @@ def _eos_ids(path: Path, tokenizer: Any) -> set[int]:
     return ids
 
 
-def _cast(model: Any) -> None:
+def cast_for_device(model: Any) -> None:
     """On the CPU the weights are cast to float32, its fastest dtype there."""
     import mlx.core as mx
 
@@ -83,7 +83,7 @@ def load_language_model(model_id: str, path: Path) -> LoadedModel:
     from mlx_lm import load
 
     model, tokenizer = load(str(path))
-    _cast(model)
+    cast_for_device(model)
     config = json.loads((path / "config.json").read_text())
     return LoadedModel(model_id, path, model, tokenizer, config, _eos_ids(path, tokenizer))
 
@@ -96,7 +96,7 @@ def load_vision_language_model(model_id: str, path: Path) -> LoadedModel:
     from swama.engine.vision import VisionSupport, load_vision_model
 
     model, processor = load_vision_model(path)
-    _cast(model)
+    cast_for_device(model)
     tokenizer = load_tokenizer(path)
     config = json.loads((path / "config.json").read_text())
     text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
@@ -112,7 +112,7 @@ def load_decision_checkpoint(model_id: str, path: Path) -> LoadedModel:
     from swama.engine.checkpoints import load_checkpoint
 
     checkpoint = load_checkpoint(path)
-    _cast(checkpoint.model)
+    cast_for_device(checkpoint.model)
     tokenizer = load_tokenizer(path)
     config = json.loads((path / "config.json").read_text())
     return LoadedModel(model_id, path, checkpoint.model, tokenizer, config, _eos_ids(path, tokenizer),

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from swama.engine.errors import Cancelled, EngineError
-from swama.engine.model import LoadedModel, _cast
+from swama.engine.model import LoadedModel, cast_for_device
 from swama.engine.model_kinds import TEXT_TO_SPEECH
 
 ESPEAK_MISSING = ("This model turns text into phonemes with espeak-ng, which is not installed: install it "
@@ -140,7 +140,7 @@ def load_text_to_speech_model(model_id: str, path: Path) -> LoadedModel:
 
     try:
         model = load_model(Path(path))
-        _cast(model)
+        cast_for_device(model)
         _evaluate_everything(model)
     except ImportError as exc:
         raise EngineError(500, f"The model's text-to-speech code needs a package that is missing: {exc}",

@@ -17,7 +17,13 @@ import sys
 from pathlib import Path
 
 from swama.engine import runtime
-from swama.tools.bench_common import REPO_ROOT, default_model_dir, markdown_table, today, write_section
+from swama.tools.bench_common import (
+    add_write_option,
+    default_model_dir,
+    markdown_table,
+    publish,
+    today,
+)
 
 TITLE = "CPU BLAS: bundled reference BLAS vs system OpenBLAS vs MKL from PyPI"
 
@@ -59,7 +65,7 @@ def _measure(name: str, blas: runtime.Blas | None, model: Path | None) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", type=Path, nargs="?", const=REPO_ROOT / "docs" / "benchmarks.md", default=None)
+    add_write_option(parser)
     args = parser.parse_args(argv)
     if sys.platform != "linux":
         sys.exit("BLAS preloading is a Linux matter")
@@ -80,9 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     body = (f"Measured {today()} with `python -m swama.tools.bench_blas` ({os.cpu_count()} CPUs), each BLAS "
             f"preloaded into a fresh process as swama does it. MKL's wheel is what swama preloads for a "
             f"user without root and without the system OpenBLAS.\n\n{table}")
-    print(body)
-    if args.write:
-        write_section(args.write, TITLE, body)
+    publish(TITLE, body, args.write)
 
 
 if __name__ == "__main__":

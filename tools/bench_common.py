@@ -7,6 +7,7 @@ The results go to docs/benchmarks.md, one `## ` section per benchmark.
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import json
 import os
@@ -45,10 +46,14 @@ SMOLLM2_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # Model folders
 
 
+def test_cache_dir() -> Path:
+    """Where the test suite caches its model folders (SWAMA_TEST_CACHE, else .cache/test-models)."""
+    return Path(os.environ.get("SWAMA_TEST_CACHE") or REPO_ROOT / ".cache" / "test-models")
+
+
 def default_model_dir() -> Path | None:
     """The SmolLM2 MLX folder the test suite caches, when it is there."""
-    cache = Path(os.environ.get("SWAMA_TEST_CACHE") or REPO_ROOT / ".cache" / "test-models")
-    folder = cache / "smollm2-mlx"
+    folder = test_cache_dir() / "smollm2-mlx"
     return folder if (folder / "config.json").is_file() else None
 
 
@@ -315,3 +320,15 @@ def write_section(path: Path, title: str, body: str) -> None:
     text = path.read_text(encoding="utf-8") if path.exists() else BENCHMARKS_HEADER
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(replace_section(text, title, body), encoding="utf-8")
+
+
+def add_write_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--write", type=Path, nargs="?", const=BENCHMARKS_MD, default=None,
+                        help="record the result in docs/benchmarks.md (or the file given)")
+
+
+def publish(title: str, body: str, write: Path | None) -> None:
+    """Print a benchmark's section, and record it in `write` (a benchmarks file) when given."""
+    print(body)
+    if write is not None:
+        write_section(write, title, body)

@@ -12,7 +12,6 @@ longest text). It also checks that every way gives the same vectors.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import sys
 import time
@@ -23,18 +22,19 @@ import numpy as np
 
 from swama.engine.runtime import reexec_with_fast_blas
 from swama.tools.bench_common import (
-    REPO_ROOT,
     Server,
+    add_write_option,
     build_store,
     free_port,
     machine_facts,
     markdown_table,
     median,
     package_version,
+    publish,
     server_env,
     temp_dir,
+    test_cache_dir,
     today,
-    write_section,
 )
 
 TITLE = "Embeddings: swama vs direct mlx-embeddings calls"
@@ -50,7 +50,7 @@ def texts(n: int, seed: int = 0) -> list[str]:
 
 
 def default_minilm_dir() -> Path | None:
-    cache = Path(os.environ.get("SWAMA_TEST_CACHE") or REPO_ROOT / ".cache" / "test-models")
+    cache = test_cache_dir()
     folder = cache / "minilm"
     return folder if (folder / "model.safetensors").is_file() else None
 
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", type=Path, default=None, help="an embedding model folder (default: MiniLM)")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--write", type=Path, nargs="?", const=REPO_ROOT / "docs" / "benchmarks.md", default=None)
+    add_write_option(parser)
     args = parser.parse_args(argv)
     model_dir = args.model_dir or default_minilm_dir()
     if model_dir is None:
@@ -128,9 +128,7 @@ def main(argv: list[str] | None = None) -> None:
             f"inputs of 4-60 words, median of {args.runs} alternating runs. HTTP includes JSON encoding of the "
             f"vectors. Largest difference between any two ways: {worst:.1e}.\n\n{table}\n\n"
             + "\n".join(f"- {k}: {v}" for k, v in facts.items()))
-    print(body)
-    if args.write:
-        write_section(args.write, TITLE, body)
+    publish(TITLE, body, args.write)
 
 
 if __name__ == "__main__":

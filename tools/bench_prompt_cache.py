@@ -19,12 +19,12 @@ from swama.engine.model import load_model
 from swama.engine.prompt_cache import PromptCache
 from swama.engine.runtime import reexec_with_fast_blas
 from swama.tools.bench_common import (
-    REPO_ROOT,
+    add_write_option,
     default_model_dir,
     markdown_table,
     missing_model_message,
+    publish,
     today,
-    write_section,
 )
 
 TITLE = "Prompt cache: a 10-turn conversation with and without it"
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", type=Path, default=None)
     parser.add_argument("--turns", type=int, default=10)
-    parser.add_argument("--write", type=Path, nargs="?", const=REPO_ROOT / "docs" / "benchmarks.md", default=None)
+    add_write_option(parser)
     args = parser.parse_args(argv)
     reexec_with_fast_blas(sys.argv[1:] if argv is None else argv, module="swama.tools.bench_prompt_cache")
     model_dir = args.model_dir or default_model_dir()
@@ -78,9 +78,7 @@ def main(argv: list[str] | None = None) -> None:
             f"at most 24 tokens on SmolLM2 (float32), one loaded model. The cache cuts the tokens prefilled to "
             f"{with_cache[2] / without[2]:.0%} and the prefill time to {with_cache[3] / without[3]:.0%}; "
             f"both runs gave {'the same' if same else 'DIFFERENT'} replies.\n\n{table}")
-    print(body)
-    if args.write:
-        write_section(args.write, TITLE, body)
+    publish(TITLE, body, args.write)
 
 
 if __name__ == "__main__":

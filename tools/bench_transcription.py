@@ -29,7 +29,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from swama.engine.runtime import REEXEC_MARK, reexec_with_fast_blas
-from swama.tools.bench_common import REPO_ROOT, today, write_section
+from swama.tools.bench_common import (
+    add_write_option,
+    publish,
+    test_cache_dir,
+    today,
+)
 
 TITLE = "Transcription: Whisper tiny.en through swama vs mlx-audio directly"
 
@@ -42,7 +47,7 @@ MODEL_ID = "openai/whisper-tiny.en"
 
 
 def default_model_dir() -> Path | None:
-    cache = Path(os.environ.get("SWAMA_TEST_CACHE") or REPO_ROOT / ".cache" / "test-models")
+    cache = test_cache_dir()
     for folder in (cache / "whisper-tiny-en-mlx", Path.home() / ".swama" / "models" / MODEL_ID):
         if (folder / "config.json").is_file():
             return folder
@@ -71,8 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--audio", type=Path, default=None, help="an audio file (default: espeak-ng speech)")
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--fp16", action="store_true", help="also time mlx-audio in float16")
-    parser.add_argument("--write", type=Path, nargs="?", const=REPO_ROOT / "docs" / "benchmarks.md", default=None,
-                        help="record the table in docs/benchmarks.md (or the file given)")
+    add_write_option(parser)
     args = parser.parse_args(argv)
     model_dir = args.model_dir or default_model_dir()
     if model_dir is None:
@@ -136,11 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     ratio = statistics.median(rows[0][2]) / statistics.median(rows[1][2])
     lines += ["", f"swama engine / direct mlx-audio (float32) wall time: {ratio:.2f}."]
     body = "\n".join(lines)
-    print(body)
+    publish(TITLE, body, args.write)
     for name, dtype, _, text in rows:
         print(f"\n{name} ({dtype}): {text[:160]}{'...' if len(text) > 160 else ''}")
-    if args.write:
-        write_section(args.write, TITLE, body)
     sys.stdout.flush()
     # MLX aborts at interpreter exit once a finished worker thread (the engine's) has run it.
     os._exit(0)
