@@ -30,6 +30,14 @@ def install_folder(root: Path, repo_id: str, folder: Path) -> Path:
     return create(ModelStore(root), folder, repo_id, say=lambda _: None).path
 
 
+def make_store(tmp_path_factory: pytest.TempPathFactory, name: str, models: dict[str, Path]) -> Path:
+    """A fresh store named `name` holding each model folder under its id."""
+    root = tmp_path_factory.mktemp(name)
+    for repo_id, folder in models.items():
+        install_folder(root, repo_id, folder)
+    return root
+
+
 SMOLLM2_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 TINY_ID = "test/tiny-qwen3"
 
@@ -37,10 +45,7 @@ TINY_ID = "test/tiny-qwen3"
 @pytest.fixture(scope="session")
 def model_store(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path, tiny_model_dir: Path) -> Path:
     """A store with SmolLM2 (real weights) and the tiny random model."""
-    root = tmp_path_factory.mktemp("store")
-    install_folder(root, SMOLLM2_ID, smollm2_dir)
-    install_folder(root, TINY_ID, tiny_model_dir)
-    return root
+    return make_store(tmp_path_factory, "store", {SMOLLM2_ID: smollm2_dir, TINY_ID: tiny_model_dir})
 
 
 @pytest.fixture(scope="session")
@@ -56,10 +61,7 @@ WHISPER_ID = "openai/whisper-tiny.en"
 @pytest.fixture(scope="session")
 def speech_store(tmp_path_factory: pytest.TempPathFactory, whisper_tiny_dir: Path, tiny_model_dir: Path) -> Path:
     """A store with Whisper tiny.en (converted from its wheel) and the tiny random language model."""
-    root = tmp_path_factory.mktemp("speech-store")
-    install_folder(root, WHISPER_ID, whisper_tiny_dir)
-    install_folder(root, TINY_ID, tiny_model_dir)
-    return root
+    return make_store(tmp_path_factory, "speech-store", {WHISPER_ID: whisper_tiny_dir, TINY_ID: tiny_model_dir})
 
 
 # Model fixtures (SmolLM2 from its PyPI wheel, the tiny random model) live in their own module.

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import TINY_ID, install_folder
+from conftest import TINY_ID, make_store
 
 from live_server import LiveServer, start_server
 from swama.engine.errors import EngineError
@@ -21,9 +21,7 @@ from swama.engine.store import ModelStore
 
 @pytest.fixture(scope="module")
 def store_root(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
-    root = tmp_path_factory.mktemp("admission-store")
-    install_folder(root, TINY_ID, tiny_model_dir)
-    return root
+    return make_store(tmp_path_factory, "admission-store", {TINY_ID: tiny_model_dir})
 
 
 async def _hold(pool: ModelPool, started: asyncio.Event, release: asyncio.Event, admit: bool = True) -> str:

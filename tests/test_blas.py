@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import TINY_ID, install_folder
+from conftest import TINY_ID, make_store
 
 from live_server import LiveServer, start_server
 from swama.engine import runtime
@@ -44,9 +44,7 @@ def _mapped(server: LiveServer) -> str:
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
-    root = tmp_path_factory.mktemp("blas-store")
-    install_folder(root, TINY_ID, tiny_model_dir)
-    return root
+    return make_store(tmp_path_factory, "blas-store", {TINY_ID: tiny_model_dir})
 
 
 # A server started as a user starts it: nothing preloaded, so it re-executes itself with the BLAS

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from conftest import TINY_ID, install_folder
+from conftest import TINY_ID, make_store
 from openai import BadRequestError, NotFoundError, OpenAI
 
 from live_server import LiveServer, start_server
@@ -123,10 +123,8 @@ def test_dimensions_on_a_model_not_trained_for_them_is_refused(minilm: LoadedMod
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path, tiny_embedding_dir: Path,
            tiny_model_dir: Path) -> Iterator[LiveServer]:
-    root = tmp_path_factory.mktemp("embedding-store")
-    install_folder(root, MINILM_ID, minilm_dir)
-    install_folder(root, GEMMA_ID, tiny_embedding_dir)
-    install_folder(root, TINY_ID, tiny_model_dir)
+    root = make_store(tmp_path_factory, "embedding-store",
+                      {MINILM_ID: minilm_dir, GEMMA_ID: tiny_embedding_dir, TINY_ID: tiny_model_dir})
     live = start_server(root, root.parent / "embedding-server.log")
     yield live
     live.stop()

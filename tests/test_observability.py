@@ -8,15 +8,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import TINY_ID, install_folder
+from conftest import TINY_ID, make_store
 
 from live_server import LiveServer, start_server
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[LiveServer]:
-    root = tmp_path_factory.mktemp("observability-store")
-    install_folder(root, TINY_ID, tiny_model_dir)
+    root = make_store(tmp_path_factory, "observability-store", {TINY_ID: tiny_model_dir})
     live = start_server(root, root.parent / "observability.log", "--log-level", "info")
     yield live
     live.stop()

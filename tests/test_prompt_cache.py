@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import SMOLLM2_ID, install_folder
+from conftest import SMOLLM2_ID, make_store
 
 from live_server import LiveServer, start_server
 from swama.engine.generator import ChatRequest, Finished, Sampling, TextDelta, generate
@@ -97,8 +97,7 @@ def test_the_byte_budget_evicts_the_least_recently_used(smollm2: LoadedModel) ->
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterator[LiveServer]:
-    root = tmp_path_factory.mktemp("prompt-cache-store")
-    install_folder(root, SMOLLM2_ID, smollm2_dir)
+    root = make_store(tmp_path_factory, "prompt-cache-store", {SMOLLM2_ID: smollm2_dir})
     live = start_server(root, root.parent / "prompt-cache.log")
     yield live
     live.stop()

@@ -19,7 +19,7 @@ import numpy as np
 import openai
 import pytest
 import soundfile
-from conftest import install_folder
+from conftest import make_store
 from openai import OpenAI
 
 from live_server import LiveServer, start_server
@@ -37,10 +37,7 @@ VOICES = ["Bella", "Leo", "expr-voice-2-f", "expr-voice-5-m"]
 
 @pytest.fixture(scope="module")
 def tts_store(tmp_path_factory: pytest.TempPathFactory, tiny_tts_dir: Path, tiny_model_dir: Path) -> Path:
-    root = tmp_path_factory.mktemp("tts-store")
-    install_folder(root, TTS, tiny_tts_dir)
-    install_folder(root, LM, tiny_model_dir)
-    return root
+    return make_store(tmp_path_factory, "tts-store", {TTS: tiny_tts_dir, LM: tiny_model_dir})
 
 
 @pytest.fixture(scope="module")
