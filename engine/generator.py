@@ -163,48 +163,127 @@ def _resume(model: LoadedModel, net: Any, ids: list[int]) -> tuple[PromptCache |
     return store, cache, reused
 
 
+def make_sampling(model: LoadedModel, s: Sampling) -> tuple[Any, list[Any]]:
+    """The sampler and logits processors of one request. A seeded request samples from its own
+    random key, so its output depends on its seed alone, never on other requests batched with it;
+    greedy requests share mlx-lm's one greedy sampler, which lets a batch sample in one call."""
+    import mlx.core as mx
+    from mlx_lm.sample_utils import (
+        apply_min_p,
+        apply_top_k,
+        apply_top_p,
+        make_logits_processors,
+        make_sampler,
+    )
+
+    # A top_k as large as the vocabulary filters nothing (and is more than the sampler can partition).
+    top_k = s.top_k if s.top_k < model.vocab_size else 0
+    top_p = s.top_p if s.top_p < 1 else 0.0
+    processors = make_logits_processors(
+        repetition_penalty=s.repetition_penalty, repetition_context_size=s.repetition_context_size,
+        presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty)
+    if s.seed is None or s.temperature == 0:
+        return make_sampler(temp=s.temperature, top_p=top_p, min_p=s.min_p, top_k=top_k), processors
+    key = mx.random.key(s.seed % 2**64)  # any JSON integer names a seed; MLX takes 64 unsigned bits
+    scale = 1.0 / s.temperature
+
+    def seeded(logprobs: Any) -> Any:
+        nonlocal key
+        key, sub = mx.random.split(key)
+        if top_p:
+            logprobs = apply_top_p(logprobs, top_p)
+        if s.min_p:
+            logprobs = apply_min_p(logprobs, s.min_p)
+        if top_k:
+            logprobs = apply_top_k(logprobs, top_k)
+        return mx.random.categorical(logprobs * scale, key=sub)
+
+    return seeded, processors
+
+
+class Decoder:
+    """One request's generated tokens turned into events: text deltas, whole tool calls, then one
+    `Finished`. The same for a request generated alone and for one row of a batch."""
+
+    def __init__(self, model: LoadedModel, request: ChatRequest, prompt_tokens: int) -> None:
+        self.eos_ids = model.eos_ids
+        self.detok = model.tokenizer.detokenizer
+        self.splitter = ToolCallSplitter(tool_format(model.tokenizer), request.tools) if request.tools else None
+        self.stopper = _StopMatcher(request.stop)
+        self.prompt_tokens = prompt_tokens
+        self.started = time.perf_counter()
+        self.first_token_at: float | None = None
+        self.generated = 0
+        self.finish_reason: str | None = None  # set once the request is done
+        self.saw_call = False
+        self.stop_hit = False
+
+    def _emit(self, text: str) -> list[Event]:
+        events: list[Event] = []
+        if self.splitter is not None:
+            text, calls = self.splitter.feed(text)
+            for call in calls:
+                self.saw_call = True
+                events.append(ToolCallEvent(call))
+        if text:
+            events.append(TextDelta(text))
+        return events
+
+    def token(self, token: int) -> list[Event]:
+        """Events of one sampled token; sets `finish_reason` on an end-of-sequence token or a stop
+        sequence (whose text is never sent)."""
+        if self.first_token_at is None:
+            self.first_token_at = time.perf_counter()
+        if token in self.eos_ids:
+            self.finish_reason = "stop"
+            return []
+        self.generated += 1
+        self.detok.add_token(token)
+        text, stopped = self.stopper.feed(self.detok.last_segment)
+        if stopped:
+            self.finish_reason, self.stop_hit = "stop", True
+        return self._emit(text)
+
+    def finish(self, reason: str, cached_tokens: int = 0) -> list[Event]:
+        """The held-back text, the tool calls still open, and the `Finished` event."""
+        self.detok.finalize()
+        events: list[Event] = []
+        if not self.stop_hit:
+            tail, self.stop_hit = self.stopper.feed(self.detok.last_segment)
+            events += self._emit(tail if self.stop_hit else tail + self.stopper.flush())
+        if self.splitter is not None:
+            text, calls = self.splitter.finish()
+            if text:
+                events.append(TextDelta(text))
+            for call in calls:
+                self.saw_call = True
+                events.append(ToolCallEvent(call))
+        end = time.perf_counter()
+        first = self.first_token_at or end
+        events.append(Finished("tool_calls" if self.saw_call else reason, self.prompt_tokens, self.generated,
+                               first - self.started, end - first, cached_tokens))
+        return events
+
+
+def token_budget(request: ChatRequest, prompt_tokens: int) -> int:
+    """Tokens the request may generate: its max_tokens, held to what the context window leaves."""
+    left = request.effective_context_limit - prompt_tokens
+    return min(request.max_tokens or left, left)
+
+
 def generate(model: LoadedModel, request: ChatRequest, cancel: threading.Event) -> Iterator[Event]:
-    """Run one generation; raises Cancelled when `cancel` is set before it finishes."""
+    """Run one generation alone; raises Cancelled when `cancel` is set before it finishes. Requests
+    with images, and models the batch scheduler cannot batch, take this path."""
     import mlx.core as mx
     from mlx_lm.generate import generate_step
-    from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
     prompt = prepare(model, request)
     net = model.network()
     prefill = _multimodal(model, prompt, request) if request.images else None
     ids = prefill.ids if prefill is not None else prompt.ids
-    limit_left = request.effective_context_limit - len(ids)
-    max_tokens = min(request.max_tokens or limit_left, limit_left)
-    s = request.sampling
-    if s.seed is not None:
-        mx.random.seed(s.seed % 2**64)  # any JSON integer names a seed; MLX takes 64 unsigned bits
-    # A top_k as large as the vocabulary filters nothing (and is more than the sampler can partition).
-    top_k = s.top_k if s.top_k < model.vocab_size else 0
-    sampler = make_sampler(temp=s.temperature, top_p=s.top_p if s.top_p < 1 else 0.0, min_p=s.min_p,
-                           top_k=top_k)
-    processors = make_logits_processors(
-        repetition_penalty=s.repetition_penalty, repetition_context_size=s.repetition_context_size,
-        presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty)
-    detok = model.tokenizer.detokenizer
-    splitter = ToolCallSplitter(tool_format(model.tokenizer), request.tools) if request.tools else None
-    stopper = _StopMatcher(request.stop)
-    start = time.perf_counter()
-    first_token_at: float | None = None
-    n = 0
-    finish = "length"
-    saw_call = False
-    stop_hit = False
-
-    def emit(text: str) -> Iterator[Event]:
-        nonlocal saw_call
-        if splitter is not None:
-            text, calls = splitter.feed(text)
-            for call in calls:
-                saw_call = True
-                yield ToolCallEvent(call)
-        if text:
-            yield TextDelta(text)
-
+    max_tokens = token_budget(request, len(ids))
+    sampler, processors = make_sampling(model, request.sampling)
+    decoder = Decoder(model, request, len(ids))
     extra: dict[str, Any] = {}
     if prefill is not None:
         # One prefill call: the multimodal inputs (positions, masks) cover the whole prompt.
@@ -214,28 +293,21 @@ def generate(model: LoadedModel, request: ChatRequest, cancel: threading.Event) 
     if cache is not None:
         extra["prompt_cache"] = cache
     seen: list[int] = []
+    finish = "length"
     steps = generate_step(mx.array(ids[reused:]), net, max_tokens=max_tokens, sampler=sampler,
                           logits_processors=processors, max_kv_size=request.context_limit, **extra)
     try:
         for token, _ in steps:
             if cancel.is_set():
                 raise Cancelled()
-            if first_token_at is None:
-                first_token_at = time.perf_counter()
             token = int(token)
             seen.append(token)
-            if token in model.eos_ids:
-                finish = "stop"
-                break
-            n += 1
-            detok.add_token(token)
-            text, stopped = stopper.feed(detok.last_segment)
-            yield from emit(text)
-            if stopped:
-                finish, stop_hit = "stop", True
+            yield from decoder.token(token)
+            if decoder.finish_reason is not None:
+                finish = decoder.finish_reason
                 break
         else:
-            finish = "length" if n >= max_tokens else "stop"
+            finish = "length" if decoder.generated >= max_tokens else "stop"
     finally:
         steps.close()
     if cancel.is_set():
@@ -243,18 +315,4 @@ def generate(model: LoadedModel, request: ChatRequest, cancel: threading.Event) 
     if store is not None:
         # Every token the cache holds: the prompt, then what was generated and fed back.
         store.put((list(ids) + seen)[: cache[0].offset], cache)
-    detok.finalize()
-    if not stop_hit:
-        tail, stop_hit = stopper.feed(detok.last_segment)
-        yield from emit(tail if stop_hit else tail + stopper.flush())
-    if splitter is not None:
-        text, calls = splitter.finish()
-        if text:
-            yield TextDelta(text)
-        for call in calls:
-            saw_call = True
-            yield ToolCallEvent(call)
-    end = time.perf_counter()
-    first_token_at = first_token_at or end
-    yield Finished("tool_calls" if saw_call else finish, len(ids), n,
-                   first_token_at - start, end - first_token_at, reused)
+    yield from decoder.finish(finish, reused)

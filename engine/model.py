@@ -43,6 +43,13 @@ class LoadedModel:
         state between calls, so every request gets its own view of it."""
         return self.vision.view() if self.vision is not None else self.model
 
+    def close(self) -> None:
+        """Stop what serves this model (its batch scheduler's thread) before it is dropped."""
+        for value in self.caches.values():
+            close = getattr(value, "close", None)
+            if callable(close):
+                close()
+
     @property
     def has_chat_template(self) -> bool:
         return bool(getattr(self.tokenizer, "has_chat_template", False))

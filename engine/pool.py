@@ -1,7 +1,9 @@
 """The model pool: load on first use, share concurrent loads, FIFO slots per model, idle eviction.
 
 - A model is loaded once; concurrent requests for it wait on the same load.
-- Work on one model runs one operation at a time, in arrival order; other models are not blocked.
+- Exclusive work on one model runs one operation at a time, in arrival order; other models are not
+  blocked. Shared holders (requests a model's batch scheduler serves together) take no lock: up to
+  `capacity` of them run at once and the rest count as waiting.
 - At most `max_concurrent` operations run at once across all models (FIFO as well).
 - A model idle for `idle_seconds` is evicted and its memory released.
 - A waiter that is cancelled (its client went away) leaves the queue.
@@ -35,6 +37,14 @@ class _Entry:
     model: LoadedModel | None = None
     last_used: float = field(default_factory=time.monotonic)
     active: int = 0
+    shared: int = 0  # of `active`, the holders that share the model (batched work)
+    capacity: int = 1  # shared holders that run at once
+
+    def running(self) -> int:
+        return (1 if self.lock.locked() else 0) + min(self.shared, self.capacity)
+
+    def waiting(self) -> int:
+        return self.active - self.running()
 
 
 def _load_failed(model_id: str, path: object, exc: Exception) -> EngineError:
@@ -91,18 +101,19 @@ class ModelPool:
         return await asyncio.shield(entry.loading)
 
     def running(self) -> int:
-        """Operations holding a model now."""
-        return sum(1 for e in self._entries.values() if e.lock.locked())
+        """Operations (and batch rows) running on a model now."""
+        return sum(e.running() for e in self._entries.values())
 
     def waiting(self) -> int:
         """Requests admitted and not yet running, across all models."""
-        return sum(e.active for e in self._entries.values()) - sum(
-            1 for e in self._entries.values() if e.lock.locked())
+        return sum(e.waiting() for e in self._entries.values())
 
-    def _admit(self, model_id: str, entry: _Entry) -> None:
+    def _admit(self, model_id: str, entry: _Entry, shared: bool) -> None:
         busy = {"Retry-After": str(RETRY_AFTER_SECONDS)}
-        waiting_here = entry.active - (1 if entry.lock.locked() else 0)
-        if not (entry.lock.locked() or waiting_here or self._slots.locked()):
+        waiting_here = entry.waiting()
+        if shared and entry.shared < entry.capacity and not waiting_here:
+            return  # a free batch row
+        if not shared and not (entry.lock.locked() or waiting_here or self._slots.locked()):
             return  # it runs at once: nothing to queue behind
         if waiting_here >= self.max_model_queue:
             raise EngineError(429, f"Too many requests: server at capacity for model '{model_id}' "
@@ -131,7 +142,7 @@ class ModelPool:
         self._ensure_reaper()
         entry = self._entries.setdefault(installed.id, _Entry())
         if admit:
-            self._admit(installed.id, entry)
+            self._admit(installed.id, entry, shared=False)
         entry.active += 1
         deadline = time.monotonic() + self.queue_timeout
         try:
@@ -151,6 +162,34 @@ class ModelPool:
                 entry.lock.release()
         finally:
             entry.active -= 1
+
+    @contextlib.asynccontextmanager
+    async def share(self, name: str, capacity: int) -> AsyncIterator[LoadedModel]:
+        """Hold `name` loaded, without exclusivity, for work its batch scheduler runs; `capacity`
+        holders run at once and the ones past it count against the queue limits."""
+        installed = self.store.get(name)
+        self._ensure_reaper()
+        entry = self._entries.setdefault(installed.id, _Entry())
+        entry.capacity = capacity
+        self._admit(installed.id, entry, shared=True)
+        entry.active += 1
+        entry.shared += 1
+        try:
+            try:
+                async with asyncio.timeout(self.queue_timeout):
+                    model = await self._load(installed.id, entry)
+            except TimeoutError:
+                raise EngineError(503, f"Timed out after {self.queue_timeout:g} s waiting for model "
+                                       f"'{installed.id}' to load (--queue-timeout); retry later.", "queue_timeout",
+                                  headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
+            entry.last_used = time.monotonic()
+            try:
+                yield model
+            finally:
+                entry.last_used = time.monotonic()
+        finally:
+            entry.active -= 1
+            entry.shared -= 1
 
     def _ensure_reaper(self) -> None:
         if self._reaper is None or self._reaper.done():
@@ -173,7 +212,8 @@ class ModelPool:
 
     def _drop(self, model_id: str) -> None:
         entry = self._entries.pop(model_id, None)
-        if entry is not None:
+        if entry is not None and entry.model is not None:
+            entry.model.close()
             entry.model = None
         gc.collect()
         try:

@@ -1,7 +1,9 @@
 """The engine as the handlers see it: one object holding the store and the pool, with async entry points.
 
-MLX work runs on a worker thread per operation while the event loop keeps serving; closing the
-event stream early (a client that went away) cancels the work and frees the model.
+A language model's work (chat, responses, decisions) runs on its batch scheduler's thread, which
+batches concurrent generations; other kinds run one operation at a time on a worker thread. The
+event loop keeps serving meanwhile; closing an event stream early (a client that went away) cancels
+the work and frees its row or the model.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from swama.engine.decide import DecisionJob, DecisionResult, DecisionRun
 from swama.engine.embeddings import Embeddings, check_dimensions, embed, spec_of, tokenize
 from swama.engine.errors import Cancelled, EngineError
 from swama.engine.generator import ChatRequest, Event, Finished, generate
+from swama.engine.model import LoadedModel
 from swama.engine.model_kinds import LANGUAGE, SPEECH_TO_TEXT, VISION
 from swama.engine.pool import ModelPool
 from swama.engine.prompt_cache import PromptCache, default_budget
+from swama.engine.scheduler import DEFAULT_PREFILL_STEP, DEFAULT_ROWS, Scheduler
 from swama.engine.speech import Segment, synthesize
 from swama.engine.store import InstalledModel, ModelNotInstalled, ModelStore
 from swama.engine.transcription import Transcript, is_multilingual, transcribe
@@ -42,6 +46,9 @@ class EngineOptions:
     max_model_queue: int = 32  # requests waiting for one model before new ones are refused (429)
     queue_timeout: float = 600  # seconds a request may wait for its model before giving up (503)
     prompt_cache_bytes: int = field(default_factory=default_budget)  # per model; 0: no prompt cache
+    batching: bool = True  # continuous batching of chat and responses on language models
+    batch_rows: int = DEFAULT_ROWS  # rows one model decodes together
+    prefill_step: int = DEFAULT_PREFILL_STEP  # prompt tokens read per step, interleaved with decoding
 
 
 class _Failure:
@@ -141,17 +148,46 @@ class Engine:
         if request.max_tokens is None:
             request.max_tokens = self.options.default_max_tokens
         try:
+            if self._scheduled(model_id):
+                async with self.pool.share(model_id, self._rows()) as model:
+                    events = self._scheduler(model).generate(request)
+                    try:
+                        async for event in events:
+                            self._observe(model_id, event)
+                            yield event
+                    finally:
+                        await events.aclose()
+                return
             async with self.pool.use(model_id) as model:
-                if self.options.prompt_cache_bytes > 0 and model.kind == LANGUAGE:
-                    model.caches.setdefault("prompt_cache", PromptCache(self.options.prompt_cache_bytes))
                 async for event in iterate_in_thread(lambda cancel: generate(model, request, cancel)):
-                    if isinstance(event, Finished) and self.on_generation is not None:
-                        self.on_generation(model_id, event)
+                    self._observe(model_id, event)
                     yield event
         except ModelNotInstalled:
             raise EngineError(404, "The model is not available locally.", "model_not_found") from None
         except Cancelled:
             return
+
+    def _observe(self, model_id: str, event: Event) -> None:
+        if isinstance(event, Finished) and self.on_generation is not None:
+            self.on_generation(model_id, event)
+
+    def _rows(self) -> int:
+        return self.options.batch_rows if self.options.batching else 1
+
+    def _scheduled(self, model_id: str) -> bool:
+        """Language models run all their work on their batch scheduler's thread; vision models,
+        whose requests carry images, take the model exclusively instead."""
+        return self.store.get(model_id).kind == LANGUAGE
+
+    def _scheduler(self, model: LoadedModel) -> Scheduler:
+        scheduler = model.caches.get("scheduler")
+        if scheduler is None:
+            store = PromptCache(self.options.prompt_cache_bytes) if self.options.prompt_cache_bytes > 0 else None
+            scheduler = Scheduler(model, prompt_cache=store, batching=self.options.batching,
+                                  rows=self.options.batch_rows, prefill_step=self.options.prefill_step)
+            model.caches["scheduler"] = scheduler
+            model.caches["prompt_cache"] = store  # the same cache for requests served alone
+        return scheduler
 
     async def decide(self, model_id: str, job: DecisionJob) -> AsyncIterator[DecisionResult]:
         """Score decision questions (the label scorer behind /v1/decisions and /v1/systemone).
@@ -162,14 +198,22 @@ class Engine:
         """
         run: DecisionRun | None = None
         try:
-            while run is None or not run.done:
-                async with self.pool.use(model_id, admit=run is None) as model:
-                    if run is None:
-                        run = DecisionRun(model, job, prefix_reuse=self.options.decision_prefix_reuse)
-                        step = run.start
-                    else:
-                        step = run.score_next
-                    await _in_thread(step)
+            if self._scheduled(model_id):
+                async with self.pool.share(model_id, self._rows()) as model:
+                    scheduler = self._scheduler(model)
+                    run = DecisionRun(model, job, prefix_reuse=self.options.decision_prefix_reuse)
+                    await scheduler.run(run.start)
+                    while not run.done:  # one question per turn: decode steps of other requests interleave
+                        await scheduler.run(run.score_next)
+            else:
+                while run is None or not run.done:
+                    async with self.pool.use(model_id, admit=run is None) as model:
+                        if run is None:
+                            run = DecisionRun(model, job, prefix_reuse=self.options.decision_prefix_reuse)
+                            step = run.start
+                        else:
+                            step = run.score_next
+                        await _in_thread(step)
         except ModelNotInstalled:
             raise EngineError(404, "The model is not available locally.", "model_not_found") from None
         result = run.result()

@@ -69,7 +69,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                   decision_prefix_reuse=settings.decision_prefix_reuse,
                                   default_max_tokens=settings.default_max_tokens,
                                   max_queue=settings.max_queue, max_model_queue=settings.max_model_queue,
-                                  queue_timeout=settings.queue_timeout,
+                                  queue_timeout=settings.queue_timeout, batching=settings.batching,
+                                  batch_rows=settings.batch_rows, prefill_step=settings.prefill_step,
                                   **({} if settings.prompt_cache_bytes is None
                                      else {"prompt_cache_bytes": settings.prompt_cache_bytes})))
 

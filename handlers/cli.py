@@ -39,11 +39,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         settings.context_limit = args.context_limit
     if args.max_tokens is not None:
         settings.default_max_tokens = args.max_tokens
-    for name in ("max_queue", "max_model_queue", "queue_timeout", "prompt_cache_bytes"):
+    for name in ("max_queue", "max_model_queue", "queue_timeout", "prompt_cache_bytes", "batch_rows", "prefill_step"):
         if getattr(args, name) is not None:
             setattr(settings, name, getattr(args, name))
     if args.no_decision_prefix_cache:
         settings.decision_prefix_reuse = False
+    if args.no_batching:
+        settings.batching = False
     settings.default_model = args.model
     settings.clef_model = args.clef_model
     for name in filter(None, (args.model, args.clef_model)):
@@ -202,6 +204,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="key/value cache kept per model so a conversation's next turn resumes its prompt "
                             "instead of prefilling it again (default: a tenth of memory, at most 4 GiB; 0 turns "
                             "it off; env SWAMA_PROMPT_CACHE_BYTES, or SWAMA_PROMPT_CACHE=0)")
+    serve.add_argument("--batch-rows", type=int, default=None, metavar="N",
+                       help="requests one model generates for together, continuously batched: new ones join "
+                            "and finished ones leave between steps (default 16, env SWAMA_BATCH_ROWS)")
+    serve.add_argument("--prefill-step", type=int, default=None, metavar="TOKENS",
+                       help="prompt tokens read per step while other requests decode, so a long prompt does "
+                            "not stall the streams already running (default 512, env SWAMA_PREFILL_STEP)")
+    serve.add_argument("--no-batching", action="store_true",
+                       help="serve one request at a time per model, in arrival order (env SWAMA_BATCHING=0)")
     serve.add_argument("--no-decision-prefix-cache", action="store_true",
                        help="score every decision question from a fresh cache (bit-exact repeats of single "
                             "questions) instead of sharing one prefill of the common prefix; env "

@@ -35,6 +35,11 @@ class Settings:
     prompt_cache_bytes: int | None = field(default_factory=lambda: 0 if os.environ.get("SWAMA_PROMPT_CACHE") == "0"
                                            else int(os.environ["SWAMA_PROMPT_CACHE_BYTES"])
                                            if os.environ.get("SWAMA_PROMPT_CACHE_BYTES") else None)
+    # Continuous batching of chat and responses: rows decoded together per model, the prefill chunk
+    # interleaved with decode steps, and off (one request at a time per model, in arrival order).
+    batch_rows: int = field(default_factory=lambda: int(os.environ.get("SWAMA_BATCH_ROWS", 16)))
+    prefill_step: int = field(default_factory=lambda: int(os.environ.get("SWAMA_PREFILL_STEP", 512)))
+    batching: bool = field(default_factory=lambda: os.environ.get("SWAMA_BATCHING", "1") != "0")
     idle_seconds: float = field(default_factory=lambda: float(os.environ.get("SWAMA_IDLE_SECONDS", 300)))
     # Decisions share one prefill of the common prefix across questions; off = a fresh cache each.
     decision_prefix_reuse: bool = field(

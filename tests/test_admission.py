@@ -104,7 +104,7 @@ def test_a_request_that_waits_too_long_gives_up_with_503_and_leaves_the_queue(st
 @pytest.fixture(scope="module")
 def server(store_root: Path) -> Iterator[LiveServer]:
     live = start_server(store_root, store_root.parent / "admission-server.log", "--max-model-queue", "0",
-                        "--context-limit", "4096")
+                        "--batch-rows", "1", "--context-limit", "4096")
     yield live
     live.stop()
 
@@ -115,8 +115,8 @@ def _long_chat() -> dict:
 
 
 def test_an_overflowing_queue_answers_429_on_every_route_and_recovers(server: LiveServer) -> None:
-    """With --max-model-queue 0 nothing may wait: while one request holds the model, every other one is
-    refused at once in its route's envelope, and once the holder is done the next is served."""
+    """With one batch row and --max-model-queue 0 nothing may wait: while one request holds the row,
+    every other one is refused at once in its route's envelope, and once the holder is done the next is served."""
     short = {**_long_chat(), "stream": False, "max_tokens": 2}
     assert httpx.post(server.v1 + "/chat/completions", json=short, timeout=120).status_code == 200  # loaded
     with concurrent.futures.ThreadPoolExecutor(1) as pool:

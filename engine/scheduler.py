@@ -1,0 +1,276 @@
+"""The batch scheduler: one thread per loaded language model that owns all of that model's MLX work.
+
+Chat and responses requests join one continuous batch (mlx-lm's `BatchGenerator`) and leave it when
+they finish, between steps. Each turn of the loop:
+
+1. new requests are prepared (chat template, token budget, sampler) and inserted, resuming from the
+   prompt cache's longest matching prefix;
+2. rows whose client went away are removed, and their key/value state goes back to the prompt cache;
+3. one queued task runs (a decision request's scoring steps), so decisions share the model fairly;
+4. one batch step: a decode token for every generating row, plus one prefill chunk of at most
+   `prefill_step` tokens for rows still reading their prompts, so a long prompt never freezes the
+   streams already generating.
+
+Each row's tokens become events through its own `Decoder` (stop sequences, tool calls). A model whose
+caches cannot be merged into a batch, and every model with batching turned off, runs each request
+alone as a task on the same thread: one at a time, in arrival order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from swama.engine.errors import Cancelled, EngineError
+from swama.engine.generator import ChatRequest, Decoder, Event, generate, make_sampling, prepare, token_budget
+from swama.engine.model import LoadedModel
+from swama.engine.prompt_cache import PromptCache, cacheable
+
+log = logging.getLogger("swama.scheduler")
+T = TypeVar("T")
+_DONE = object()
+DEFAULT_ROWS = 16
+DEFAULT_PREFILL_STEP = 512
+
+
+def batchable(model: LoadedModel) -> bool:
+    """Whether the model's caches merge into a batch (mlx-lm's test): attention, sliding-window and
+    recurrent layers all do; a vision model's language view is served alone."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    return model.vision is None and all(hasattr(c, "merge") for c in make_prompt_cache(model.model))
+
+
+@dataclass(eq=False)
+class _Job:
+    request: ChatRequest
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    submitted: float = field(default_factory=time.perf_counter)
+    decoder: Decoder | None = None
+    reused: int = 0
+
+    def post(self, item: Any) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+class Scheduler:
+    def __init__(self, model: LoadedModel, *, prompt_cache: PromptCache | None, batching: bool = True,
+                 rows: int = DEFAULT_ROWS, prefill_step: int = DEFAULT_PREFILL_STEP) -> None:
+        self.model = model
+        self.store = prompt_cache
+        self.batching = batching and batchable(model)
+        self.rows = rows if self.batching else 1
+        self.prefill_step = prefill_step
+        self._wake = threading.Condition()
+        self._new: deque[_Job] = deque()
+        self._tasks: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = deque()
+        self._active: dict[int, _Job] = {}
+        self._closed = False
+        self._gen: Any = None
+        self._eos: Any = None
+        self._thread = threading.Thread(target=self._loop, name=f"swama-scheduler:{model.id}", daemon=True)
+        self._thread.start()
+
+    # -- the event loop's side ---------------------------------------------------------------------
+
+    async def generate(self, request: ChatRequest) -> AsyncIterator[Event]:
+        """Events of one generation; stop iterating (or `aclose()`) to cancel it."""
+        job = _Job(request, asyncio.get_running_loop())
+        if not self.batching:
+            job_done = self.call(lambda: self._alone(job))
+        else:
+            self._submit(lambda: self._new.append(job))
+        try:
+            while True:
+                item = await job.queue.get()
+                if item is _DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            job.cancelled.set()
+            self._submit(lambda: None)
+            if not self.batching:
+                # The request's task may still be queued: it sees the cancel and does nothing.
+                await asyncio.shield(asyncio.wrap_future(job_done))
+
+    def call(self, step: Callable[[], T]) -> concurrent.futures.Future[T]:
+        """Run `step` on the scheduler's thread between batch steps; await it with `asyncio.wrap_future`."""
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._submit(lambda: self._tasks.append((step, future)))
+        return future
+
+    async def run(self, step: Callable[[], T]) -> T:
+        """`call`, awaited. A caller that is cancelled still waits for a step already running."""
+        future = self.call(step)
+        try:
+            return await asyncio.shield(asyncio.wrap_future(future))
+        except asyncio.CancelledError:
+            if not future.cancel():
+                await asyncio.wait({asyncio.wrap_future(future)})
+            raise
+
+    def close(self) -> None:
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+
+    def _submit(self, change: Callable[[], None]) -> None:
+        with self._wake:
+            if self._closed:
+                raise EngineError(503, f"Model '{self.model.id}' is being unloaded; retry.", "model_unloading")
+            change()
+            self._wake.notify()
+
+    # -- the scheduler thread ----------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        import mlx.core as mx
+
+        # The thread's own stream: all of this model's work runs in order on it.
+        stream = mx.default_stream(mx.default_device())
+        while True:
+            with self._wake:
+                while not (self._closed or self._new or self._tasks or self._active):
+                    self._wake.wait()
+                if self._closed:
+                    break
+                new = list(self._new)
+                self._new.clear()
+                task = self._tasks.popleft() if self._tasks else None
+            with mx.stream(stream):
+                for job in new:
+                    self._insert(job, stream)
+                self._drop_cancelled()
+                if task is not None:
+                    self._run_task(*task)
+                if self._active:
+                    try:
+                        self._step()
+                    except Exception as exc:  # the whole batch failed: answer every row, start afresh
+                        log.exception("batch step failed on %s", self.model.id)
+                        self._fail_all(EngineError(500, f"Generation failed: {exc}", "generation_failed"))
+        self._fail_all(EngineError(503, f"Model '{self.model.id}' was unloaded; retry.", "model_unloading"))
+        for _, future in self._tasks:
+            future.cancel()
+        if self._gen is not None:
+            self._gen.close()
+
+    @staticmethod
+    def _run_task(step: Callable[[], Any], future: concurrent.futures.Future[Any]) -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(step())
+        except BaseException as exc:
+            future.set_exception(exc)
+
+    def _alone(self, job: _Job) -> None:
+        """A request served by itself (no batching), start to end, on this thread."""
+        if job.cancelled.is_set():
+            job.post(_DONE)
+            return
+        try:
+            for event in generate(self.model, job.request, job.cancelled):
+                job.post(event)
+            job.post(_DONE)
+        except Cancelled:
+            job.post(_DONE)
+        except Exception as exc:
+            job.post(exc)
+
+    def _generator(self, stream: Any) -> Any:
+        from mlx_lm.generate import BatchGenerator, StopSequences
+
+        if self._gen is None:
+            self._gen = BatchGenerator(self.model.model, completion_batch_size=self.rows,
+                                       prefill_batch_size=min(8, self.rows), prefill_step_size=self.prefill_step,
+                                       stream=stream)
+            self._eos = StopSequences([[t] for t in sorted(self.model.eos_ids)])
+        return self._gen
+
+    def _insert(self, job: _Job, stream: Any) -> None:
+        from mlx_lm.models.cache import make_prompt_cache
+
+        if job.cancelled.is_set():
+            job.post(_DONE)
+            return
+        try:
+            ids = prepare(self.model, job.request).ids
+            budget = token_budget(job.request, len(ids))
+            if budget <= 0:
+                raise EngineError(400, f"The prompt ({len(ids)} tokens) leaves no room to generate in the context "
+                                       f"window of {job.request.effective_context_limit} tokens.",
+                                  "context_length_exceeded")
+            sampler, processors = make_sampling(self.model, job.request.sampling)
+            cache, job.reused = self.store.take(ids) if self.store is not None else (None, 0)
+            gen = self._generator(stream)
+            [uid] = gen.insert([ids[job.reused:]], max_tokens=[budget],
+                               caches=[cache or make_prompt_cache(self.model.model)],
+                               all_tokens=[list(ids[:job.reused])], samplers=[sampler],
+                               logits_processors=[processors], stop_sequences=[self._eos])
+        except Exception as exc:
+            job.post(exc)
+            return
+        job.decoder = Decoder(self.model, job.request, len(ids))
+        job.decoder.started = job.submitted  # time to first token counts the wait for a row too
+        self._active[uid] = job
+
+    def _keep(self, kept: tuple[list[Any], list[int]] | None) -> None:
+        """Give a finished row's key/value state to the prompt cache."""
+        if kept is None or self.store is None:
+            return
+        cache, tokens = kept
+        if cache and cacheable(cache):
+            self.store.put(list(tokens)[: cache[0].offset], cache)
+
+    def _remove(self, uid: int) -> None:
+        kept = self._gen.remove([uid], return_prompt_caches=True).get(uid)
+        self._active.pop(uid, None)
+        self._keep(kept)
+
+    def _drop_cancelled(self) -> None:
+        for uid in [u for u, job in self._active.items() if job.cancelled.is_set()]:
+            self._remove(uid)  # its client is gone: nothing more is sent
+
+    def _finish(self, job: _Job, reason: str) -> None:
+        for event in job.decoder.finish(reason, job.reused):
+            job.post(event)
+        job.post(_DONE)
+
+    def _step(self) -> None:
+        _, responses = self._gen.next()
+        for r in responses:
+            job = self._active.get(r.uid)
+            if job is None:
+                continue
+            for event in job.decoder.token(int(r.token)):
+                job.post(event)
+            if r.finish_reason is not None:  # end of sequence or max tokens: the row has left the batch
+                self._active.pop(r.uid)
+                self._keep((r.prompt_cache, r.all_tokens))
+                self._finish(job, job.decoder.finish_reason or r.finish_reason)
+            elif job.decoder.finish_reason is not None:  # a stop sequence: take the row out
+                self._remove(r.uid)
+                self._finish(job, job.decoder.finish_reason)
+
+    def _fail_all(self, error: EngineError) -> None:
+        for job in self._active.values():
+            job.post(error)
+        self._active.clear()
+        for job in self._new:
+            job.post(error)
+        self._new.clear()
+        if self._gen is not None:
+            self._gen.close()
+            self._gen = None
