@@ -82,6 +82,7 @@ class Finished:
     prompt_seconds: float
     generation_seconds: float
     cached_tokens: int = 0  # prompt tokens resumed from the prompt cache instead of prefilled
+    token_ids: tuple[int, ...] = ()  # the tokens generated, end-of-sequence token excluded
 
 
 Event = TextDelta | ToolCallEvent | Finished
@@ -213,10 +214,14 @@ class Decoder:
         self.prompt_tokens = prompt_tokens
         self.started = time.perf_counter()
         self.first_token_at: float | None = None
-        self.generated = 0
+        self.tokens: list[int] = []
         self.finish_reason: str | None = None  # set once the request is done
         self.saw_call = False
         self.stop_hit = False
+
+    @property
+    def generated(self) -> int:
+        return len(self.tokens)
 
     def _emit(self, text: str) -> list[Event]:
         events: list[Event] = []
@@ -237,7 +242,7 @@ class Decoder:
         if token in self.eos_ids:
             self.finish_reason = "stop"
             return []
-        self.generated += 1
+        self.tokens.append(token)
         self.detok.add_token(token)
         text, stopped = self.stopper.feed(self.detok.last_segment)
         if stopped:
@@ -261,7 +266,7 @@ class Decoder:
         end = time.perf_counter()
         first = self.first_token_at or end
         events.append(Finished("tool_calls" if self.saw_call else reason, self.prompt_tokens, self.generated,
-                               first - self.started, end - first, cached_tokens))
+                               first - self.started, end - first, cached_tokens, tuple(self.tokens)))
         return events
 
 
