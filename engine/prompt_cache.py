@@ -96,9 +96,13 @@ class PromptCache:
 
     def put(self, tokens: list[int], cache: list[Any]) -> None:
         """Keep `cache` (holding `tokens`) for later requests; the oldest entries go past the budget."""
+        import mlx.core as mx
+
         nbytes = sum(c.nbytes for c in cache)
         if not tokens or nbytes > self.budget:
             return
+        # Evaluated now: a lazy slice of a batch's cache would keep the whole batch's arrays alive.
+        mx.eval([c.state for c in cache])
         # An entry that is a prefix of the new one holds nothing the new one lacks.
         for key in [k for k, e in self._entries.items() if _common_prefix(e.tokens, tokens) == len(e.tokens)]:
             del self._entries[key]

@@ -120,10 +120,14 @@ class Scheduler:
                 await asyncio.wait({asyncio.wrap_future(future)})
             raise
 
-    def close(self) -> None:
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the thread once its current step is done (an interpreter that exits under a running
+        MLX thread aborts)."""
         with self._wake:
             self._closed = True
             self._wake.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
 
     def _submit(self, change: Callable[[], None]) -> None:
         with self._wake:
@@ -160,6 +164,8 @@ class Scheduler:
                     except Exception as exc:  # the whole batch failed: answer every row, start afresh
                         log.exception("batch step failed on %s", self.model.id)
                         self._fail_all(EngineError(500, f"Generation failed: {exc}", "generation_failed"))
+                    if not self._active:
+                        mx.clear_cache()  # idle again: hand the freed buffers back to the system
         self._fail_all(EngineError(503, f"Model '{self.model.id}' was unloaded; retry.", "model_unloading"))
         for _, future in self._tasks:
             future.cancel()

@@ -36,6 +36,15 @@ Scope = dict[str, Any]
 ASGIApp = Callable[[Scope, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
 
 
+def _mlx_memory(read: str) -> Any:
+    def value() -> float:
+        import mlx.core as mx
+
+        return float(getattr(mx, read)())
+
+    return value
+
+
 class Metrics:
     """The server's metrics, in a registry of its own (one per app)."""
 
@@ -54,18 +63,24 @@ class Metrics:
         self.decision_questions = Counter("swama_decision_questions", "Decision questions scored", ["model"],
                                           registry=r)
         self.prompt_cache_hits = Counter("swama_prompt_cache_hit_tokens", "Prompt tokens served from a cache "
-                                         "(decision prefixes shared across questions)", ["model"], registry=r)
+                                         "(chat prompts resumed, decision prefixes shared across questions)", ["model"], registry=r)
         waiting = Gauge("swama_queue_waiting", "Requests admitted and waiting for their model", registry=r)
         waiting.set_function(lambda: engine.pool.waiting())
         running = Gauge("swama_running", "Operations running on a model now", registry=r)
         running.set_function(lambda: engine.pool.running())
         loaded = Gauge("swama_models_loaded", "Models in memory", registry=r)
         loaded.set_function(lambda: len(engine.pool.loaded()))
+        for name, read, what in (("active", "get_active_memory", "held by live arrays"),
+                                 ("cache", "get_cache_memory", "kept by MLX's buffer cache for reuse")):
+            gauge = Gauge(f"swama_mlx_{name}_bytes", f"Memory {what}", registry=r)
+            gauge.set_function(_mlx_memory(read))
 
     def generation_finished(self, model: str, done: Finished) -> None:
         self.prompt_tokens.labels(model).inc(done.prompt_tokens)
         self.generated_tokens.labels(model).inc(done.completion_tokens)
         self.ttft.labels(model).observe(done.prompt_seconds)
+        if done.cached_tokens:
+            self.prompt_cache_hits.labels(model).inc(done.cached_tokens)
         if done.completion_tokens > 1:
             self.per_token.labels(model).observe(done.generation_seconds / (done.completion_tokens - 1))
 
