@@ -6,6 +6,9 @@
   `capacity` of them run at once and the rest count as waiting.
 - At most `max_concurrent` operations run at once across all models (FIFO as well).
 - A model idle for `idle_seconds` is evicted and its memory released.
+- A load that would not fit in memory (the system's available memory, or `memory_limit` bytes for
+  all loaded models) first evicts idle models, least recently used first; when the models in the
+  way are busy it is refused with a 503 that says how much it needs.
 - A waiter that is cancelled (its client went away) leaves the queue.
 - Admission is bounded: past `max_model_queue` requests waiting for one model, or `max_queue` waiting
   across the server, a new request is refused at once (429 with Retry-After) instead of queueing
@@ -23,6 +26,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from swama.engine.errors import EngineError
+from swama.engine.memory import available_bytes, gib, model_bytes
 from swama.engine.model import LoadedModel, load_model
 from swama.engine.store import ModelStore
 
@@ -39,6 +43,7 @@ class _Entry:
     active: int = 0
     shared: int = 0  # of `active`, the holders that share the model (batched work)
     capacity: int = 1  # shared holders that run at once
+    nbytes: int = 0  # the loaded model's estimated size
 
     def running(self) -> int:
         return (1 if self.lock.locked() else 0) + min(self.shared, self.capacity)
@@ -58,6 +63,7 @@ def _load_failed(model_id: str, path: object, exc: Exception) -> EngineError:
 class ModelPool:
     def __init__(self, store: ModelStore, *, idle_seconds: float = 300, max_concurrent: int = 3,
                  max_queue: int = 64, max_model_queue: int = 32, queue_timeout: float = 600,
+                 memory_limit: int | None = None, float_bytes: int | None = None,
                  loader: Callable[[str, object], LoadedModel] = load_model) -> None:
         self.store = store
         self.idle_seconds = idle_seconds
@@ -66,6 +72,8 @@ class ModelPool:
         self.max_queue = max_queue
         self.max_model_queue = max_model_queue
         self.queue_timeout = queue_timeout
+        self.memory_limit = memory_limit  # bytes for all loaded models; None: what the system has free
+        self.float_bytes = float_bytes  # floating weights are cast to this size at load (None: as stored)
         self._slots = asyncio.Semaphore(max_concurrent)
         self._entries: dict[str, _Entry] = {}
         self._reaper: asyncio.Task[None] | None = None
@@ -78,6 +86,9 @@ class ModelPool:
             return entry.model
         if entry.loading is None:
             installed = self.store.get(model_id)
+            need = model_bytes(installed.path, self.float_bytes)
+            self._make_room(installed.id, need)
+            entry.nbytes = need
             loop = asyncio.get_running_loop()
             entry.loading = loop.create_future()
 
@@ -99,6 +110,32 @@ class ModelPool:
             asyncio.ensure_future(run())
         # shield: one waiter's cancellation must not cancel the shared load
         return await asyncio.shield(entry.loading)
+
+    def _make_room(self, model_id: str, need: int) -> None:
+        """Evict idle models until `need` bytes fit; a 503 when the ones in the way are busy."""
+        others = {k: e for k, e in self._entries.items() if k != model_id and (e.model or e.loading)}
+        if self.memory_limit is not None:
+            free = self.memory_limit - sum(e.nbytes for e in others.values())
+            where = f"of the --memory-limit {gib(self.memory_limit)}"
+        else:
+            system = available_bytes()
+            if system is None:
+                return
+            free, where = system, "available on this machine"
+        idle = sorted((e.last_used, k) for k, e in others.items() if e.model is not None and e.active == 0)
+        while need > free and idle:
+            _, victim = idle.pop(0)
+            free += self._entries[victim].nbytes
+            log.info("evicting %s to make room for %s", victim, model_id)
+            self._drop(victim)
+        if need > free:
+            busy = ", ".join(k for k in self._entries if k != model_id and (self._entries[k].model or
+                                                                           self._entries[k].loading))
+            raise EngineError(503, f"Not enough memory to load model '{model_id}': it needs about {gib(need)} and "
+                                   f"{gib(max(free, 0))} is free {where}"
+                                   + (f"; the loaded models ({busy}) are busy, retry when they finish." if busy
+                                      else "; free memory or use a smaller (quantized) model."),
+                              "insufficient_memory", headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
 
     def running(self) -> int:
         """Operations (and batch rows) running on a model now."""

@@ -25,6 +25,7 @@ from swama.engine.model import LoadedModel
 from swama.engine.model_kinds import LANGUAGE, SPEECH_TO_TEXT, VISION
 from swama.engine.pool import ModelPool
 from swama.engine.prompt_cache import PromptCache, default_budget
+from swama.engine.runtime import compute_dtype
 from swama.engine.scheduler import DEFAULT_PREFILL_STEP, DEFAULT_ROWS, Scheduler
 from swama.engine.speech import Segment, synthesize
 from swama.engine.store import InstalledModel, ModelNotInstalled, ModelStore
@@ -49,6 +50,7 @@ class EngineOptions:
     batching: bool = True  # continuous batching of chat and responses on language models
     batch_rows: int = DEFAULT_ROWS  # rows one model decodes together
     prefill_step: int = DEFAULT_PREFILL_STEP  # prompt tokens read per step, interleaved with decoding
+    memory_limit: int | None = None  # bytes for all loaded models (None: the system's available memory)
 
 
 class _Failure:
@@ -110,7 +112,9 @@ class Engine:
         self.on_decisions: Callable[[str, int, int], None] | None = None
         self.pool = ModelPool(self.store, idle_seconds=options.idle_seconds,
                               max_concurrent=options.max_concurrent, max_queue=options.max_queue,
-                              max_model_queue=options.max_model_queue, queue_timeout=options.queue_timeout)
+                              max_model_queue=options.max_model_queue, queue_timeout=options.queue_timeout,
+                              memory_limit=options.memory_limit,
+                              float_bytes=4 if compute_dtype() is not None else None)
 
     def installed(self, name: str) -> InstalledModel:
         """The installed model for `name`; 404 when it is not installed (the server never downloads)."""

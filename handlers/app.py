@@ -71,6 +71,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                   max_queue=settings.max_queue, max_model_queue=settings.max_model_queue,
                                   queue_timeout=settings.queue_timeout, batching=settings.batching,
                                   batch_rows=settings.batch_rows, prefill_step=settings.prefill_step,
+                                  memory_limit=settings.memory_limit,
                                   **({} if settings.prompt_cache_bytes is None
                                      else {"prompt_cache_bytes": settings.prompt_cache_bytes})))
 

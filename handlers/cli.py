@@ -39,7 +39,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         settings.context_limit = args.context_limit
     if args.max_tokens is not None:
         settings.default_max_tokens = args.max_tokens
-    for name in ("max_queue", "max_model_queue", "queue_timeout", "prompt_cache_bytes", "batch_rows", "prefill_step"):
+    for name in ("max_queue", "max_model_queue", "queue_timeout", "prompt_cache_bytes", "batch_rows", "prefill_step",
+                 "memory_limit"):
         if getattr(args, name) is not None:
             setattr(settings, name, getattr(args, name))
     if args.no_decision_prefix_cache:
@@ -210,6 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--prefill-step", type=int, default=None, metavar="TOKENS",
                        help="prompt tokens read per step while other requests decode, so a long prompt does "
                             "not stall the streams already running (default 512, env SWAMA_PREFILL_STEP)")
+    serve.add_argument("--memory-limit", type=int, default=None, metavar="BYTES",
+                       help="memory all loaded models may take; a load past it evicts idle models first and "
+                            "otherwise gets 503 (default: what the system has available; env SWAMA_MEMORY_LIMIT)")
     serve.add_argument("--no-batching", action="store_true",
                        help="serve one request at a time per model, in arrival order (env SWAMA_BATCHING=0)")
     serve.add_argument("--no-decision-prefix-cache", action="store_true",

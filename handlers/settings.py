@@ -40,6 +40,10 @@ class Settings:
     batch_rows: int = field(default_factory=lambda: int(os.environ.get("SWAMA_BATCH_ROWS", 16)))
     prefill_step: int = field(default_factory=lambda: int(os.environ.get("SWAMA_PREFILL_STEP", 512)))
     batching: bool = field(default_factory=lambda: os.environ.get("SWAMA_BATCHING", "1") != "0")
+    # Bytes all loaded models may take (None: what the system has available); loads past it evict
+    # idle models first, else answer 503.
+    memory_limit: int | None = field(
+        default_factory=lambda: int(os.environ["SWAMA_MEMORY_LIMIT"]) if os.environ.get("SWAMA_MEMORY_LIMIT") else None)
     idle_seconds: float = field(default_factory=lambda: float(os.environ.get("SWAMA_IDLE_SECONDS", 300)))
     # Decisions share one prefill of the common prefix across questions; off = a fresh cache each.
     decision_prefix_reuse: bool = field(

@@ -1,0 +1,92 @@
+"""Memory-aware loads: a model that would not fit evicts idle models first (least recently used),
+and is refused with a 503 saying how much it needs when the models in the way are busy. The limit
+is simulated with --memory-limit; the estimate reads the safetensors headers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import TINY_ID, make_store
+
+from live_server import LiveServer, start_server
+from swama.engine.errors import EngineError
+from swama.engine.memory import model_bytes
+from swama.engine.pool import ModelPool
+from swama.engine.store import ModelStore
+
+OTHER = "test/tiny-qwen3-copy"
+THIRD = "test/tiny-qwen3-third"
+
+
+@pytest.fixture(scope="module")
+def store_root(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
+    return make_store(tmp_path_factory, "memory-store", {TINY_ID: tiny_model_dir, OTHER: tiny_model_dir,
+                                                         THIRD: tiny_model_dir})
+
+
+def test_the_estimate_counts_weights_at_the_dtype_they_are_computed_in(smollm2_dir: Path) -> None:
+    stored = sum(p.stat().st_size for p in smollm2_dir.glob("*.safetensors"))
+    as_stored, as_float32 = model_bytes(smollm2_dir, None), model_bytes(smollm2_dir, 4)
+    assert 0.99 * stored < as_stored <= stored  # the header is all that is not counted
+    assert abs(as_float32 - 2 * as_stored) < 0.01 * as_stored  # float16 weights, cast to float32
+
+
+def test_a_load_that_does_not_fit_evicts_idle_models_first(store_root: Path, tiny_model_dir: Path) -> None:
+    need = model_bytes(tiny_model_dir, 4)
+
+    async def scenario() -> None:
+        pool = ModelPool(ModelStore(store_root), memory_limit=int(2.5 * need), float_bytes=4)
+        for name in (TINY_ID, OTHER):
+            async with pool.use(name):
+                pass
+        assert sorted(pool.loaded()) == sorted([TINY_ID, OTHER])
+        async with pool.use(OTHER):
+            pass  # OTHER is now the most recently used
+        async with pool.use(THIRD):
+            assert sorted(pool.loaded()) == sorted([OTHER, THIRD])  # the least recently used went
+        await pool.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_load_blocked_by_busy_models_is_a_503_naming_the_need(store_root: Path, tiny_model_dir: Path) -> None:
+    need = model_bytes(tiny_model_dir, 4)
+
+    async def scenario() -> None:
+        pool = ModelPool(ModelStore(store_root), memory_limit=int(1.5 * need), float_bytes=4)
+        async with pool.use(TINY_ID):
+            with pytest.raises(EngineError) as refused:
+                async with pool.use(OTHER):
+                    pass
+        error = refused.value
+        assert error.status == 503 and error.code == "insufficient_memory" and error.headers == {"Retry-After": "1"}
+        assert f"Not enough memory to load model '{OTHER}'" in error.message
+        assert f"the loaded models ({TINY_ID}) are busy" in error.message
+        assert pool.loaded() == [TINY_ID]  # nothing half loaded
+        async with pool.use(OTHER):  # once TINY_ID is idle it makes room
+            assert pool.loaded() == [OTHER]
+        await pool.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.fixture(scope="module")
+def small_server(store_root: Path) -> Iterator[LiveServer]:
+    live = start_server(store_root, store_root.parent / "memory-server.log", "--memory-limit", "100000")
+    yield live
+    live.stop()
+
+
+@pytest.mark.parametrize("path", ["/chat/completions", "/decisions"])
+def test_a_model_larger_than_the_limit_gets_a_clear_503(small_server: LiveServer, path: str) -> None:
+    body = ({"model": TINY_ID, "messages": [{"role": "user", "content": "hi"}]} if path == "/chat/completions" else
+            {"model": TINY_ID, "input": "x", "questions": [{"type": "predicate", "name": "q", "instructions": "Is it?"}]})
+    r = httpx.post(small_server.v1 + path, json=body, timeout=60)
+    assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+    message = r.json()["error"]["message"]
+    assert message.startswith(f"Not enough memory to load model '{TINY_ID}'")
+    assert "of the --memory-limit" in message and "use a smaller (quantized) model" in message
