@@ -112,3 +112,73 @@ def test_a_seeded_request_samples_the_same_alone_and_batched(model: LoadedModel)
                                                                                  seed=99), max_tokens=20,
                                               context_limit=2048)])
     assert other_seed[0][1].token_ids != alone.token_ids  # the seed, not chance, fixes the tokens
+
+
+def test_a_long_prompt_is_read_in_chunks_between_the_decode_steps_of_others(tiny_model_dir: Path) -> None:
+    """While a 1,500-token prompt is prefilled 64 tokens a step, the stream already running keeps
+    getting a token every step instead of waiting for the whole prefill."""
+    model = load_language_model("tiny", tiny_model_dir)
+    long_prompt = "Here is a long document. " + "The river bends past the mill and the old bridge. " * 140
+
+    async def run() -> tuple[int, int]:
+        scheduler = Scheduler(model, prompt_cache=None, prefill_step=64)
+        during = 0
+        long_started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        long_first = asyncio.Event()
+
+        async def short() -> None:
+            nonlocal during
+            count = 0
+            async for event in scheduler.generate(_request("Talk.", max_tokens=400)):
+                if isinstance(event, TextDelta):
+                    count += 1
+                    if count == 3:
+                        long_started.set_result(None)
+                    elif long_started.done() and not long_first.is_set():
+                        during += 1
+
+        async def long() -> int:
+            await long_started
+            request = _request(long_prompt, max_tokens=2)
+            tokens = len(prepare(model, request).ids)
+            async for event in scheduler.generate(request):
+                if isinstance(event, TextDelta):
+                    long_first.set()
+            return tokens
+
+        try:
+            _, tokens = await asyncio.gather(short(), long())
+        finally:
+            scheduler.close()
+        return during, tokens
+
+    during, tokens = asyncio.run(run())
+    assert tokens > 1500
+    assert during >= tokens // 64 - 2, (during, tokens)  # one decode step per prefill chunk
+
+
+def test_a_row_whose_client_leaves_is_freed_and_the_others_finish(tiny_model_dir: Path) -> None:
+    model = load_language_model("tiny", tiny_model_dir)
+
+    async def run() -> tuple[list[int], int]:
+        scheduler = Scheduler(model, prompt_cache=None, rows=1)
+        leaver = scheduler.generate(_request("Talk.", max_tokens=3000))
+        async for event in leaver:
+            if isinstance(event, TextDelta):
+                break
+        await leaver.aclose()  # the client went away after its first token; 2,999 tokens were left
+        freed_after = 0.0
+        while scheduler._active and freed_after < 5:
+            await asyncio.sleep(0.01)
+            freed_after += 0.01
+        assert not scheduler._active, "the row of a client that left is still decoding"
+        # One row only: the later requests run in it, one after the other.
+        done = await asyncio.wait_for(asyncio.gather(*(_collect(scheduler, _request(p, max_tokens=8))
+                                                       for p in PROMPTS[:2])), timeout=60)
+        await asyncio.sleep(0.2)
+        active = len(scheduler._active)
+        scheduler.close()
+        return [f.completion_tokens for _, f in done], active
+
+    tokens, active = asyncio.run(run())
+    assert tokens == [8, 8] and active == 0
