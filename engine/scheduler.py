@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import queue
 import threading
 import time
 from collections import deque
@@ -62,6 +63,43 @@ class _Job:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
 
+class _Threads:
+    """Threads that never end, handed from one scheduler to the next. MLX gives each thread its own
+    streams, and a thread that ends while the interpreter exits can abort the process as its streams
+    are torn down; parked threads are simply left behind at exit."""
+
+    def __init__(self) -> None:
+        self._idle: list[queue.SimpleQueue[Callable[[], None]]] = []
+        self._lock = threading.Lock()
+
+    def run(self, target: Callable[[], None], name: str) -> threading.Event:
+        """Run `target` on a parked thread (or a new one); the event is set once it returned."""
+        done = threading.Event()
+
+        def job() -> None:
+            try:
+                target()
+            finally:
+                done.set()
+
+        with self._lock:
+            inbox = self._idle.pop() if self._idle else None
+        if inbox is None:
+            inbox = queue.SimpleQueue()
+            threading.Thread(target=self._serve, args=(inbox,), name=name, daemon=True).start()
+        inbox.put(job)
+        return done
+
+    def _serve(self, inbox: queue.SimpleQueue[Callable[[], None]]) -> None:
+        while True:
+            inbox.get()()
+            with self._lock:
+                self._idle.append(inbox)
+
+
+_THREADS = _Threads()
+
+
 class Scheduler:
     def __init__(self, model: LoadedModel, *, prompt_cache: PromptCache | None, batching: bool = True,
                  rows: int = DEFAULT_ROWS, prefill_step: int = DEFAULT_PREFILL_STEP) -> None:
@@ -77,8 +115,8 @@ class Scheduler:
         self._closed = False
         self._gen: Any = None
         self._eos: Any = None
-        self._thread = threading.Thread(target=self._loop, name=f"swama-scheduler:{model.id}", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None  # the thread running the loop, once it runs
+        self._stopped = _THREADS.run(self._loop, "swama-scheduler")
 
     # -- the event loop's side ---------------------------------------------------------------------
 
@@ -121,13 +159,12 @@ class Scheduler:
             raise
 
     def close(self, timeout: float = 10.0) -> None:
-        """Stop the thread once its current step is done (an interpreter that exits under a running
-        MLX thread aborts)."""
+        """Stop the loop once its current step is done; its thread is parked for the next scheduler."""
         with self._wake:
             self._closed = True
             self._wake.notify()
         if threading.current_thread() is not self._thread:
-            self._thread.join(timeout)
+            self._stopped.wait(timeout)
 
     def _submit(self, change: Callable[[], None]) -> None:
         with self._wake:
@@ -141,6 +178,7 @@ class Scheduler:
     def _loop(self) -> None:
         import mlx.core as mx
 
+        self._thread = threading.current_thread()
         # The thread's own stream: all of this model's work runs in order on it.
         stream = mx.default_stream(mx.default_device())
         while True:
