@@ -21,8 +21,8 @@ share a prefix that holds every image, the vision tower runs once per request an
     run.result()
 
 `score_batch(max_rows=None)` scores the remaining questions (at most `max_rows` of them) and
-appends their answers to `run.answers` in question order, exactly as that many `score_next()` calls
-would. Where the shared prefix sits in plain KV caches (`run.batches`), their suffixes run in one
+appends their answers to `run.answers` in question order, as that many `score_next()` calls would
+(the same answers up to float rounding in the batched matrix products). Where the shared prefix sits in plain KV caches (`run.batches`), their suffixes run in one
 batched forward pass: the suffix rows are right-padded to the longest, every row of the batch cache
 holds a copy of the prefix keys and values, and each row's logits are read at its own last real
 token (causal attention keeps the padding after it out of sight). Rows go in chunks that keep the
@@ -367,6 +367,7 @@ class DecisionRun:
             return [self.score_next() for _ in range(start, end)]
         questions = self.prepared[start:end]
         lengths = [len(q.ids) - self.prefix for q in questions]
+        # No prefix to copy without a shared cache; the whole prompts' logits then dominate the memory.
         kv_token_bytes = kv_bytes_per_token(self._shared) if self._shared is not None else 0
         scored = []
         for rows in batch_chunks(lengths, self.model.vocab_size, self.prefix, kv_token_bytes,
