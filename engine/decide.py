@@ -11,6 +11,24 @@ decision routes document, and the scored prompt is the multimodal one: the image
 user message, each expanded into its image tokens by the model's processor. When the questions
 share a prefix that holds every image, the vision tower runs once per request and the prefix
 (header, images, input) is prefilled once; otherwise every question is encoded on its own.
+
+`DecisionRun` is the API, in steps:
+
+    run = DecisionRun(model, job)       # prefix_reuse=True by default
+    run.start()                         # prepare and check every question, prefill the shared prefix
+    while not run.done:
+        run.score_batch(max_rows=8)     # or run.score_next(): one question per call
+    run.result()
+
+`score_batch(max_rows=None)` scores the remaining questions (at most `max_rows` of them) and
+appends their answers to `run.answers` in question order, as that many `score_next()` calls would
+(the same answers up to float rounding in the batched matrix products). Where the shared prefix sits in plain KV caches (`run.batches`), their suffixes run in one
+batched forward pass: the suffix rows are right-padded to the longest, every row of the batch cache
+holds a copy of the prefix keys and values, and each row's logits are read at its own last real
+token (causal attention keeps the padding after it out of sight). Rows go in chunks that keep the
+batch's logits and its copy of the prefix cache within `batch_logits_bytes` and
+`batch_cache_bytes`. Everywhere else (recurrent or sliding-window caches, images, vision models,
+`prefix_reuse=False`) `score_batch` calls `score_next` per question, unchanged.
 """
 
 from __future__ import annotations
@@ -186,6 +204,69 @@ def restore_cache(snapshot: list[Any], cache: list[Any]) -> list[Any]:
     return cache
 
 
+# Bounds on one batched pass (see DecisionRun.score_batch): its rows x width x vocab float32 logits,
+# and its rows' copies of the prefix keys and values.
+BATCH_LOGITS_BYTES = 256 * 2**20
+BATCH_CACHE_BYTES = 1024 * 2**20
+
+
+def plain_kv(cache: list[Any]) -> bool:
+    """Whether every layer cache is exactly mlx-lm's KVCache (no subclass, no other kind)."""
+    from mlx_lm.models.cache import KVCache
+
+    return all(type(c) is KVCache for c in cache)
+
+
+def kv_bytes_per_token(cache: list[Any]) -> int:
+    """Bytes one token takes over all layers of a filled plain KV cache (keys and values)."""
+    total = 0
+    for c in cache:
+        if c.keys is not None:
+            total += (c.keys.shape[1] * c.keys.shape[3] + c.values.shape[1] * c.values.shape[3]) * c.keys.itemsize
+    return total
+
+
+def tiled_cache(shared: list[Any], rows: int, room: int) -> list[Any]:
+    """A fresh batch cache of `rows` rows, each holding the prefix of `shared` (plain KV caches), with
+    room for `room` more tokens. `shared` is only read."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    tiled = []
+    for layer in shared:
+        keys, values = layer.keys_and_values()  # the prefix: [1, heads, prefix, dim]
+        # Allocated at its final length, so the batch's update writes in place instead of regrowing.
+        layer_cache = KVCache()
+        layer_cache.state = (
+            mx.concatenate([mx.repeat(keys, rows, axis=0),
+                            mx.zeros((rows, keys.shape[1], room, keys.shape[3]), keys.dtype)], axis=2),
+            mx.concatenate([mx.repeat(values, rows, axis=0),
+                            mx.zeros((rows, values.shape[1], room, values.shape[3]), values.dtype)], axis=2),
+            layer.offset)
+        tiled.append(layer_cache)
+    return tiled
+
+
+def batch_chunks(lengths: Sequence[int], vocab: int, prefix: int, kv_token_bytes: int,
+                 logits_bytes: int, cache_bytes: int) -> list[range]:
+    """Consecutive rows (by index into `lengths`, the suffix lengths) for batched passes, each as
+    many rows as keep its logits (rows x longest x vocab x 4 bytes) within `logits_bytes` and its copy
+    of the cache (rows x (prefix + longest) x `kv_token_bytes`) within `cache_bytes`; at least one
+    row each."""
+    chunks: list[range] = []
+    start, width = 0, 0
+    for i, n in enumerate(lengths):
+        w = max(width, n)
+        rows = i - start + 1
+        if rows > 1 and (rows * w * vocab * 4 > logits_bytes or rows * (prefix + w) * kv_token_bytes > cache_bytes):
+            chunks.append(range(start, i))
+            start, w = i, n
+        width = w
+    if start < len(lengths):
+        chunks.append(range(start, len(lengths)))
+    return chunks
+
+
 def trims_exactly(cache: list[Any]) -> bool:
     """Whether trimming `cache` back to its current length always restores it. A sliding-window
     (rotating) layer can be trimmed only until a suffix wraps past its window, so it never counts."""
@@ -196,9 +277,12 @@ def trims_exactly(cache: list[Any]) -> bool:
 
 class DecisionRun:
     """One request's scoring, in steps: `start()` prepares every question and prefills the shared
-    prefix; `score_next()` scores one question. Between steps the model can serve other requests
-    (the KV state of the prefix belongs to this run), which is how concurrent requests share a
-    model fairly."""
+    prefix; `score_next()` scores one question, `score_batch()` several in batched passes. Between
+    steps the model can serve other requests (the KV state of the prefix belongs to this run), which
+    is how concurrent requests share a model fairly."""
+
+    batch_logits_bytes: int = BATCH_LOGITS_BYTES
+    batch_cache_bytes: int = BATCH_CACHE_BYTES
 
     def __init__(self, model: LoadedModel, job: DecisionJob, *, prefix_reuse: bool = True) -> None:
         self.model, self.job, self.prefix_reuse = model, job, prefix_reuse
@@ -260,6 +344,55 @@ class DecisionRun:
         answer = answer_from_logits(q.view.kind, logits, q.label_ids)
         self.answers.append(answer)
         return answer
+
+    @property
+    def batches(self) -> bool:
+        """Whether `score_batch` runs the remaining questions in batched passes rather than one
+        `score_next` each: text questions only, shared prefix in plain KV caches, or no shared
+        prefix (several questions with nothing in common) on a model whose fresh cache is plain."""
+        if not self.prefix_reuse or self.job.images or self.model.vision is not None:
+            return False
+        if self._shared is not None:
+            return plain_kv(self._shared)
+        if self._snapshot is not None:
+            return False
+        return len(self.prepared) - len(self.answers) > 1 and plain_kv(self._cache())
+
+    def score_batch(self, max_rows: int | None = None) -> list[ScoredAnswer]:
+        """Score the remaining questions, or the next `max_rows` of them; their answers are appended
+        to `self.answers` in question order and returned."""
+        start = len(self.answers)
+        end = len(self.prepared) if max_rows is None else min(len(self.prepared), start + max(max_rows, 0))
+        if not self.batches:
+            return [self.score_next() for _ in range(start, end)]
+        questions = self.prepared[start:end]
+        lengths = [len(q.ids) - self.prefix for q in questions]
+        # No prefix to copy without a shared cache; the whole prompts' logits then dominate the memory.
+        kv_token_bytes = kv_bytes_per_token(self._shared) if self._shared is not None else 0
+        scored = []
+        for rows in batch_chunks(lengths, self.model.vocab_size, self.prefix, kv_token_bytes,
+                                 self.batch_logits_bytes, self.batch_cache_bytes):
+            chunk = [questions[i] for i in rows]
+            for q, logits in zip(chunk, self._batch_logits(chunk), strict=True):
+                check_no_reasoning_opener(logits, _opener_ids(self.model))
+                answer = answer_from_logits(q.view.kind, logits, q.label_ids)
+                self.answers.append(answer)
+                scored.append(answer)
+        return scored
+
+    def _batch_logits(self, chunk: Sequence[PreparedQuestion]) -> np.ndarray:
+        """Last-real-position logits of each question's suffix, [rows, vocab], in one forward pass."""
+        import mlx.core as mx
+
+        suffixes = [q.ids[self.prefix:] for q in chunk]
+        width = max(len(s) for s in suffixes)
+        # Right padding: under the causal mask no real token attends to the padding after it.
+        tokens = mx.array([s + [0] * (width - len(s)) for s in suffixes])
+        cache = tiled_cache(self._shared, len(chunk), width) if self._shared is not None else self._cache()
+        out = self.net(tokens, cache=cache)
+        logits = out[mx.arange(len(chunk)), mx.array([len(s) - 1 for s in suffixes])].astype(mx.float32)
+        mx.eval(logits)
+        return np.array(logits, copy=False)
 
     def result(self) -> DecisionResult:
         return DecisionResult(self.answers, sum(len(q.ids) for q in self.prepared), self.prefix)

@@ -3,6 +3,7 @@
     python -m swama.tools.bench_decisions [--model-dir DIR] [--runs N] [--write docs/benchmarks.md]
     python -m swama.tools.bench_decisions --hybrid [--model-dir DIR] [--runs N] [--write]
     python -m swama.tools.bench_decisions --vision [--model-dir DIR] [--runs N] [--write]
+    python -m swama.tools.bench_decisions --batched [--model-dir DIR] [--runs N] [--write]
 
 Measures 20 questions over a ~1,000-token input both ways (same model, same process, alternating
 runs), checks both ways agree within 1e-4, and questions per second for 1, 10 and 50 questions.
@@ -10,6 +11,9 @@ runs), checks both ways agree within 1e-4, and questions per second for 1, 10 an
 the model folder's tokenizer), whose cache cannot be trimmed: prefix snapshot vs fresh cache.
 `--vision` measures 10 questions with two photo-sized images on a tiny random Qwen3.5 vision-language
 model: one vision encoding and one prefix prefill per request vs both again for every question.
+`--batched` measures the same 20 questions over the ~1,000-token input with the shared prefix both
+ways: every suffix in one batched pass (`score_batch`) vs one pass per question (`score_next`),
+and checks both ways give the same answers.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from swama.tools.bench_common import default_model_dir, missing_model_message, t
 TITLE = "Decisions: shared-prefix scoring vs a fresh cache per question"
 HYBRID_TITLE = "Decisions on a hybrid model: prefix snapshot vs a fresh cache per question"
 VISION_TITLE = "Decisions with images: one vision encoding and prefix per request vs per question"
+BATCHED_TITLE = "Decisions: batched suffixes vs one pass per question, from the shared prefix"
 VISION_QUESTIONS = 10
 AGREEMENT_BOUND = 1e-4
 
@@ -81,12 +86,14 @@ def main(argv: list[str] | None = None) -> int:
                         / "benchmarks.md", default=None, help="update this section of docs/benchmarks.md")
     parser.add_argument("--hybrid", action="store_true",
                         help="a tiny random Qwen3.5-style hybrid model: prefix snapshot vs fresh cache")
+    parser.add_argument("--batched", action="store_true",
+                        help="the shared prefix both ways: all suffixes in batched passes vs one pass per question")
     parser.add_argument("--vision", action="store_true",
                         help="a tiny random Qwen3.5 vision-language model, two images: one vision encoding "
                              "and prefix per request vs per question")
     args = parser.parse_args(argv)
-    if args.hybrid and args.vision:
-        parser.error("--hybrid and --vision are separate benchmarks: pick one")
+    if args.hybrid + args.vision + args.batched > 1:
+        parser.error("--hybrid, --vision and --batched are separate benchmarks: pick one")
     if args.model_dir is None or not (args.model_dir / "config.json").exists():
         parser.error(missing_model_message())
     reexec_with_fast_blas(sys.argv[1:] if argv is None else argv, module="swama.tools.bench_decisions")
@@ -94,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         return hybrid(args)
     if args.vision:
         return vision(args)
+    if args.batched:
+        return batched(args)
     load = f"{os.getloadavg()[0]:.1f}"
     model = load_language_model("bench", args.model_dir)
     text = ticket(1000, model.tokenizer)
@@ -177,6 +186,69 @@ def hybrid(args: argparse.Namespace) -> int:
         f"difference between the two ways: {worst:.1e} (bound: 1e-4).", "",
     ]
     return _publish(HYBRID_TITLE, lines, args.write)
+
+
+class Steps(NamedTuple):
+    start: float  # seconds in start(): preparing the questions and prefilling the shared prefix
+    scoring: float  # seconds scoring the questions from the prefix
+    run: DecisionRun
+
+
+def timed_steps(model, job: DecisionJob, batch: bool) -> Steps:
+    t0 = time.perf_counter()
+    run = DecisionRun(model, job)
+    run.start()
+    t1 = time.perf_counter()
+    if batch:
+        run.score_batch()
+    else:
+        while not run.done:
+            run.score_next()
+    return Steps(t1 - t0, time.perf_counter() - t1, run)
+
+
+def batched(args: argparse.Namespace) -> int:
+    load = f"{os.getloadavg()[0]:.1f}"
+    model = load_language_model("bench", args.model_dir)
+    text = ticket(1000, model.tokenizer)
+    n = 20
+    job = DecisionJob(text, questions(n), 16384)
+    warm = DecisionJob(text, questions(2), 16384)
+    timed_steps(model, warm, True)  # warm-up, both ways
+    timed_steps(model, warm, False)
+    ways: dict[bool, list[Steps]] = {True: [], False: []}
+    worst = 0.0
+    for _ in range(args.runs):
+        for batch in (True, False):
+            ways[batch].append(timed_steps(model, job, batch))
+        for a, b in zip(ways[True][-1].run.answers, ways[False][-1].run.answers, strict=True):
+            worst = max(worst, *(abs(x - y) for x, y in zip(a.probabilities, b.probabilities, strict=True)))
+    if worst > AGREEMENT_BOUND:
+        raise SystemExit(f"the two ways disagree: largest probability difference {worst:.1e} "
+                         f"(bound: {AGREEMENT_BOUND:.0e})")
+    med = {batch: (statistics.median(s.start + s.scoring for s in steps), statistics.median(s.start for s in steps),
+                   statistics.median(s.scoring for s in steps)) for batch, steps in ways.items()}
+    for batch, steps in ways.items():
+        print(("batched" if batch else "one pass per question") + ": "
+              + ", ".join(f"start {s.start:.2f} s + scoring {s.scoring:.2f} s" for s in steps))
+    run = ways[True][-1].run
+    suffixes = [len(q.ids) - run.prefix for q in run.prepared]
+    (bt, bp, bs), (ot, op, os_) = med[True], med[False]
+    preload = "openblas" in os.environ.get("LD_PRELOAD", "")
+    lines = [
+        f"Measured {today()} with `python -m swama.tools.bench_decisions --batched --runs {args.runs} --write` "
+        f"(median of {args.runs} alternating runs, one process), SmolLM2-135M-Instruct float32, {n} questions "
+        f"over a {len(model.tokenizer.encode(text))}-token input: shared prefix {run.prefix} tokens, suffixes "
+        f"{min(suffixes)} to {max(suffixes)} tokens; {os.cpu_count()} CPUs, {platform.machine()}, OpenBLAS "
+        f"preloaded: {'yes' if preload else 'no'}, load average before the run: {load}. Both ways prefill the "
+        f"shared prefix once per request (`start()`); scoring is the time after it. Each column is its own median.", "",
+        "| case | total | prefill (start) | scoring | questions/s (total) |", "|---|---:|---:|---:|---:|",
+        f"| {n} questions, suffixes in one batched pass | {bt:.2f} s | {bp:.2f} s | {bs:.2f} s | {n / bt:.1f} |",
+        f"| {n} questions, one pass per question | {ot:.2f} s | {op:.2f} s | {os_:.2f} s | {n / ot:.1f} |", "",
+        f"**Batched suffixes score {os_ / bs:.1f}x faster** than one pass per question ({ot / bt:.1f}x on the "
+        f"whole request). Largest probability difference between the two ways: {worst:.1e} (bound: 1e-4).", "",
+    ]
+    return _publish(BATCHED_TITLE, lines, args.write)
 
 
 def photos() -> tuple:

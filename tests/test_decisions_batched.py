@@ -1,0 +1,184 @@
+"""Batched suffix scoring (DecisionRun.score_batch): the questions' suffixes run in one forward pass
+over a tiled copy of the shared prefix, with the same answers as scoring them one by one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from swama.engine import decide
+from swama.engine.decide import DecisionJob, DecisionRun, batch_chunks, kv_bytes_per_token
+from swama.engine.model import LoadedModel, load_language_model
+from swama.engine.scorer import ScoredAnswer, decision_choice_view, decision_score_view, predicate_view
+from swama.tools.build_tiny_model import build_tiny_model
+
+INPUT = "\n".join(f"Message {i}: the invoice for order {1000 + i} was charged twice; the customer wants a refund "
+                  f"to the original card before the end of the month." for i in range(12))
+BOUND = 1e-4
+
+
+def mixed_questions() -> list:
+    """20 questions of the three kinds whose suffixes differ in length."""
+    found = []
+    for i in range(20):
+        detail = " and, given everything said above," * (i % 4)
+        if i % 3 == 0:
+            found.append(predicate_view(f"Is point {i}{detail} about billing?"))
+        elif i % 3 == 1:
+            found.append(decision_choice_view(f"Which team{detail} should take point {i}?",
+                                              [("billing", None), ("technical", "bugs and outages"), ("sales", None)]))
+        else:
+            found.append(decision_score_view(f"How urgent{detail} is point {i}?",
+                                             [("low", None), ("medium", None), ("high", "needs action today")]))
+    return found
+
+
+JOB = DecisionJob(INPUT, mixed_questions(), context_limit=4096)
+
+
+class Spy:
+    """Counts the batched passes of a run and their row counts."""
+
+    def __init__(self, run: DecisionRun) -> None:
+        self.rows: list[int] = []
+        inner = run._batch_logits
+
+        def counted(chunk):
+            self.rows.append(len(chunk))
+            return inner(chunk)
+
+        run._batch_logits = counted  # type: ignore[method-assign]
+
+
+def one_by_one(run: DecisionRun) -> list[ScoredAnswer]:
+    while not run.done:
+        run.score_next()
+    return run.answers
+
+
+def started(model: LoadedModel, job: DecisionJob = JOB, reuse: bool = True) -> DecisionRun:
+    run = DecisionRun(model, job, prefix_reuse=reuse)
+    run.start()
+    return run
+
+
+def assert_close(a: list[ScoredAnswer], b: list[ScoredAnswer]) -> None:
+    assert len(a) == len(b) == len(JOB.questions)
+    for x, y in zip(a, b, strict=True):
+        assert x.kind == y.kind and len(x.probabilities) == len(y.probabilities)
+        assert max(abs(p - q) for p, q in zip(x.probabilities, y.probabilities, strict=True)) < BOUND
+
+
+def rescored(run: DecisionRun) -> list[ScoredAnswer]:
+    """The run's questions scored again from the same prefix (the batched pass left it as it was)."""
+    run.answers = []
+    return one_by_one(run)
+
+
+@pytest.fixture(scope="module")
+def tiny(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    return load_language_model("tiny", build_tiny_model(smollm2_dir, tmp_path_factory.mktemp("tiny") / "qwen3"))
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_dir: Path) -> LoadedModel:
+    return load_language_model("smollm2", smollm2_dir)
+
+
+@pytest.mark.parametrize("name", ["tiny", "smollm2"])
+def test_batched_answers_equal_one_pass_per_question(name: str, request: pytest.FixtureRequest) -> None:
+    model = request.getfixturevalue(name)
+    run = started(model)
+    assert run.batches and run.prefix > 100
+    lengths = {len(q.ids) - run.prefix for q in run.prepared}
+    assert len(lengths) > 3  # suffixes of different lengths: the padding is exercised
+    spy = Spy(run)
+    batched = run.score_batch()
+    assert spy.rows == [20] and run.done and batched == run.answers
+    assert_close(batched, rescored(run))
+    # Forced small chunks, on the same prefix: several passes, the same answers.
+    run.answers = []
+    run.batch_logits_bytes = 4 * max(lengths) * model.vocab_size * 4
+    spy.rows = []
+    chunked = run.score_batch()
+    assert len(spy.rows) >= 5 and max(spy.rows) <= 4 and sum(spy.rows) == 20
+    assert_close(chunked, batched)
+
+
+def test_batched_answers_equal_a_fresh_cache_per_question(tiny: LoadedModel) -> None:
+    """Against scoring every question alone from scratch (prefix_reuse=False), not only against the
+    shared-prefix path."""
+    batched = started(tiny).score_batch()
+    assert_close(batched, one_by_one(started(tiny, reuse=False)))
+
+
+def test_max_rows_takes_the_questions_in_order(tiny: LoadedModel) -> None:
+    whole = started(tiny).score_batch()
+    run = started(tiny)
+    spy = Spy(run)
+    first = run.score_batch(max_rows=7)
+    single = run.score_next()
+    rest = run.score_batch(max_rows=100)
+    assert spy.rows == [7, 12] and len(first) == 7 and run.done and run.score_batch() == []
+    assert run.answers == [*first, single, *rest]
+    assert_close(run.answers, whole)
+
+
+def test_the_cache_copy_bound_splits_the_batch(tiny: LoadedModel) -> None:
+    run = started(tiny)
+    widest = max(len(q.ids) for q in run.prepared)  # prefix plus the longest suffix
+    run.batch_cache_bytes = 3 * widest * kv_bytes_per_token(run._shared)
+    spy = Spy(run)
+    answers = run.score_batch()
+    assert max(spy.rows) <= 3 and len(spy.rows) >= 7
+    assert_close(answers, rescored(run))
+
+
+def test_without_a_shared_prefix_whole_prompts_are_batched(tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No common prefix (prefix 0) with prefix reuse on: the whole prompts, right-padded, in batched
+    passes (whole-prompt logits are large, so the logits bound takes a few rows at a time)."""
+    monkeypatch.setattr(decide, "common_prefix", lambda sequences: 0)
+    run = started(tiny)
+    assert run.prefix == 0 and run._shared is None and run.batches
+    widest = max(len(q.ids) for q in run.prepared)
+    per_chunk = run.batch_logits_bytes // (widest * tiny.vocab_size * 4)
+    assert 1 < per_chunk < 20  # the bound splits this batch, and still batches
+    spy = Spy(run)
+    batched = run.score_batch()
+    assert sum(spy.rows) == 20 and 1 < max(spy.rows) <= per_chunk + 1 and len(spy.rows) < 20
+    assert_close(batched, one_by_one(started(tiny, reuse=False)))
+
+
+def test_prefix_reuse_off_stays_one_fresh_pass_per_question(tiny: LoadedModel) -> None:
+    run = started(tiny, reuse=False)
+    assert not run.batches
+    spy = Spy(run)
+    answers = run.score_batch()
+    assert spy.rows == []
+    assert [a.probabilities for a in answers] == [a.probabilities for a in one_by_one(started(tiny, reuse=False))]
+
+
+def test_a_hybrid_model_falls_back_to_one_question_at_a_time(smollm2_dir: Path, tmp_path: Path) -> None:
+    """Qwen3.5-style recurrent layers: the prefix is a snapshot, not a trimmable KV cache, so
+    score_batch scores each question with score_next, exactly."""
+    model = load_language_model("hybrid", build_tiny_model(smollm2_dir, tmp_path / "qwen3_5", arch="qwen3_5"))
+    run = started(model)
+    assert run.prefix > 100 and run._snapshot is not None and not run.batches
+    spy = Spy(run)
+    answers = run.score_batch()
+    assert spy.rows == []
+    assert [a.probabilities for a in answers] == [a.probabilities for a in one_by_one(started(model))]
+    assert_close(answers, one_by_one(started(model, reuse=False)))
+
+
+def test_batch_chunks() -> None:
+    vocab = 10
+    assert batch_chunks([], vocab, 0, 0, 1, 1) == []
+    assert batch_chunks([3, 5, 2], vocab, 0, 0, 10**9, 10**9) == [range(0, 3)]
+    # logits: rows x widest x 10 x 4 bytes within 400 -> rows x widest <= 10
+    assert batch_chunks([3, 5, 2, 1, 1], vocab, 0, 0, 400, 10**9) == [range(0, 2), range(2, 5)]
+    # a row over every bound still goes, alone
+    assert batch_chunks([50, 50], vocab, 0, 0, 1, 1) == [range(0, 1), range(1, 2)]
+    # cache copy: rows x (prefix + widest) x 2 bytes within 100 -> rows x (20 + widest) <= 50
+    assert batch_chunks([4, 4, 5, 1], vocab, 20, 2, 10**9, 100) == [range(0, 2), range(2, 4)]
