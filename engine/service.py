@@ -32,6 +32,7 @@ from swama.engine.store import InstalledModel, ModelNotInstalled, ModelStore
 from swama.engine.transcription import Transcript, is_multilingual, transcribe
 
 T = TypeVar("T")
+DECISION_ROWS_PER_TURN = 16  # decision questions scored in one batched pass between batch steps
 _DONE = object()
 
 
@@ -207,8 +208,10 @@ class Engine:
                     scheduler = self._scheduler(model)
                     run = DecisionRun(model, job, prefix_reuse=self.options.decision_prefix_reuse)
                     await scheduler.run(run.start)
-                    while not run.done:  # one question per turn: decode steps of other requests interleave
-                        await scheduler.run(run.score_next)
+                    while not run.done:
+                        # The suffixes in batched passes, a few rows a turn: the decode steps of other
+                        # requests on the model go on between the turns.
+                        await scheduler.run(lambda: run.score_batch(max_rows=DECISION_ROWS_PER_TURN))
             else:
                 while run is None or not run.done:
                     async with self.pool.use(model_id, admit=run is None) as model:
