@@ -373,12 +373,24 @@ class DecisionRun:
         for rows in batch_chunks(lengths, self.model.vocab_size, self.prefix, kv_token_bytes,
                                  self.batch_logits_bytes, self.batch_cache_bytes):
             chunk = [questions[i] for i in rows]
-            for q, logits in zip(chunk, self._batch_logits(chunk), strict=True):
-                check_no_reasoning_opener(logits, _opener_ids(self.model))
-                answer = answer_from_logits(q.view.kind, logits, q.label_ids)
-                self.answers.append(answer)
-                scored.append(answer)
+            scored += [self.accept(q, logits) for q, logits in zip(chunk, self._batch_logits(chunk), strict=True)]
         return scored
+
+    def accept(self, q: PreparedQuestion, logits: np.ndarray) -> ScoredAnswer:
+        """The answer to `q` (this run's next question) from its last-position logits."""
+        check_no_reasoning_opener(logits, _opener_ids(self.model))
+        answer = answer_from_logits(q.view.kind, logits, q.label_ids)
+        self.answers.append(answer)
+        return answer
+
+    @property
+    def joins_others(self) -> bool:
+        """Whether this run's questions can share batched passes with other runs on the model: a
+        shared prefix held in plain KV caches."""
+        return self.batches and self._shared is not None
+
+    def pending(self) -> list[PreparedQuestion]:
+        return self.prepared[len(self.answers):]
 
     def _batch_logits(self, chunk: Sequence[PreparedQuestion]) -> np.ndarray:
         """Last-real-position logits of each question's suffix, [rows, vocab], in one forward pass."""
@@ -396,3 +408,46 @@ class DecisionRun:
 
     def result(self) -> DecisionResult:
         return DecisionResult(self.answers, sum(len(q.ids) for q in self.prepared), self.prefix)
+
+
+def pick_rows(runs: Sequence[DecisionRun], max_rows: int) -> list[tuple[DecisionRun, PreparedQuestion]]:
+    """Questions of several runs for one batched pass: round robin over the runs, each run's in
+    order, as many as keep the pass's logits and merged prefix caches within the runs' bounds."""
+    queues = [list(run.pending()) for run in runs]
+    rows: list[tuple[DecisionRun, PreparedQuestion]] = []
+    width = prefix = 0
+    while len(rows) < max_rows and any(queues):
+        for run, queue in zip(runs, queues, strict=True):
+            if not queue or len(rows) >= max_rows:
+                continue
+            q = queue[0]
+            w, p = max(width, len(q.ids) - run.prefix), max(prefix, run.prefix)
+            n = len(rows) + 1
+            if rows and (n * w * run.model.vocab_size * 4 > run.batch_logits_bytes
+                         or n * (p + w) * kv_bytes_per_token(run._shared) > run.batch_cache_bytes):
+                return rows
+            rows.append((run, queue.pop(0)))
+            width, prefix = w, p
+    return rows
+
+
+def score_across(rows: Sequence[tuple[DecisionRun, PreparedQuestion]]) -> np.ndarray:
+    """Last-position logits of questions from different runs on one model ([rows, vocab]), in one
+    forward pass: each row starts from its own run's shared prefix (merged left-padded, as mlx-lm
+    batches caches of different lengths) and its suffix is right-padded; the masks keep every row to
+    its own tokens. The runs' prefix caches are only read."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import BatchKVCache
+
+    suffixes = [q.ids[run.prefix:] for run, q in rows]
+    lengths = [len(s) for s in suffixes]
+    width = max(lengths)
+    tokens = mx.array([s + [0] * (width - len(s)) for s in suffixes])
+    layers = len(rows[0][0]._shared)
+    cache = [BatchKVCache.merge([run._shared[i] for run, _ in rows]) for i in range(layers)]
+    for layer in cache:
+        layer.prepare(lengths=lengths, right_padding=[width - n for n in lengths])
+    out = rows[0][0].net(tokens, cache=cache)
+    logits = out[mx.arange(len(rows)), mx.array([n - 1 for n in lengths])].astype(mx.float32)
+    mx.eval(logits)
+    return np.array(logits, copy=False)

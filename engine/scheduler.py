@@ -6,7 +6,9 @@ they finish, between steps. Each turn of the loop:
 1. new requests are prepared (chat template, token budget, sampler) and inserted, resuming from the
    prompt cache's longest matching prefix;
 2. rows whose client went away are removed, and their key/value state goes back to the prompt cache;
-3. one queued task runs (a decision request's scoring steps), so decisions share the model fairly;
+3. one queued task runs (a decision request's preparation and prefix prefill), so decisions share
+   the model fairly, and one batched pass scores the pending questions of every decision request
+   waiting on the model together (up to `DECISION_ROWS` rows, round robin over the requests);
 4. one batch step: a decode token for every generating row, plus one prefill chunk of at most
    `prefill_step` tokens for rows still reading their prompts, so a long prompt never freezes the
    streams already generating.
@@ -29,6 +31,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from swama.engine.decide import DecisionRun, pick_rows, score_across
 from swama.engine.errors import Cancelled, EngineError
 from swama.engine.generator import ChatRequest, Decoder, Event, generate, make_sampling, prepare, token_budget
 from swama.engine.model import LoadedModel
@@ -39,6 +42,7 @@ T = TypeVar("T")
 _DONE = object()
 DEFAULT_ROWS = 16
 DEFAULT_PREFILL_STEP = 512
+DECISION_ROWS = 16  # decision questions scored in one batched pass between batch steps
 
 
 def batchable(model: LoadedModel) -> bool:
@@ -112,6 +116,8 @@ class Scheduler:
         self._new: deque[_Job] = deque()
         self._tasks: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = deque()
         self._active: dict[int, _Job] = {}
+        self._decisions: list[tuple[DecisionRun, concurrent.futures.Future[None]]] = []
+        self.decision_passes = 0  # batched passes that scored decision questions
         self._closed = False
         self._gen: Any = None
         self._eos: Any = None
@@ -158,6 +164,17 @@ class Scheduler:
                 await asyncio.wait({asyncio.wrap_future(future)})
             raise
 
+    async def score(self, run: DecisionRun) -> None:
+        """Score the remaining questions of a started run whose prefix sits in plain KV caches,
+        in batched passes shared with the other decision requests on this model."""
+        future: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._submit(lambda: self._decisions.append((run, future)))
+        try:
+            await asyncio.shield(asyncio.wrap_future(future))
+        except asyncio.CancelledError:
+            future.cancel()  # the client went away: its questions leave the next pass
+            raise
+
     def close(self, timeout: float = 10.0) -> None:
         """Stop the loop once its current step is done; its thread is parked for the next scheduler."""
         with self._wake:
@@ -183,7 +200,7 @@ class Scheduler:
         stream = mx.default_stream(mx.default_device())
         while True:
             with self._wake:
-                while not (self._closed or self._new or self._tasks or self._active):
+                while not (self._closed or self._new or self._tasks or self._active or self._decisions):
                     self._wake.wait()
                 if self._closed:
                     break
@@ -196,6 +213,8 @@ class Scheduler:
                 self._drop_cancelled()
                 if task is not None:
                     self._run_task(*task)
+                if self._decisions:
+                    self._decision_pass()
                 if self._active:
                     try:
                         self._step()
@@ -207,6 +226,8 @@ class Scheduler:
         self._fail_all(EngineError(503, f"Model '{self.model.id}' was unloaded; retry.", "model_unloading"))
         for _, future in self._tasks:
             future.cancel()
+        for _, future in list(self._decisions):
+            self._settle(future, EngineError(503, f"Model '{self.model.id}' was unloaded; retry.", "model_unloading"))
         if self._gen is not None:
             self._gen.close()
 
@@ -218,6 +239,43 @@ class Scheduler:
             future.set_result(step())
         except BaseException as exc:
             future.set_exception(exc)
+
+    def _decision_pass(self) -> None:
+        with self._wake:
+            self._decisions = [(r, f) for r, f in self._decisions if not f.done()]
+            waiting = list(self._decisions)
+        if not waiting:
+            return
+        rows = pick_rows([run for run, _ in waiting], DECISION_ROWS)
+        futures = {id(run): future for run, future in waiting}
+        try:
+            logits = score_across(rows)
+        except Exception as exc:  # the pass failed: every request in it gets the error
+            for run in {id(r): r for r, _ in rows}.values():
+                self._settle(futures[id(run)], exc)
+            return
+        self.decision_passes += 1
+        failed: set[int] = set()
+        for (run, q), row in zip(rows, logits, strict=True):
+            if id(run) in failed:
+                continue
+            try:
+                run.accept(q, row)
+            except Exception as exc:  # this request's refusal (a reasoning opener): only it fails
+                failed.add(id(run))
+                self._settle(futures[id(run)], exc)
+        for run, future in waiting:
+            if run.done and id(run) not in failed:
+                self._settle(future, None)
+
+    def _settle(self, future: concurrent.futures.Future[None], error: BaseException | None) -> None:
+        with self._wake:
+            self._decisions = [(r, f) for r, f in self._decisions if f is not future]
+        if future.set_running_or_notify_cancel():
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
 
     def _alone(self, job: _Job) -> None:
         """A request served by itself (no batching), start to end, on this thread."""

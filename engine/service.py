@@ -26,13 +26,12 @@ from swama.engine.model_kinds import LANGUAGE, SPEECH_TO_TEXT, VISION
 from swama.engine.pool import ModelPool
 from swama.engine.prompt_cache import PromptCache, default_budget
 from swama.engine.runtime import compute_dtype
-from swama.engine.scheduler import DEFAULT_PREFILL_STEP, DEFAULT_ROWS, Scheduler
+from swama.engine.scheduler import DECISION_ROWS, DEFAULT_PREFILL_STEP, DEFAULT_ROWS, Scheduler
 from swama.engine.speech import Segment, synthesize
 from swama.engine.store import InstalledModel, ModelNotInstalled, ModelStore
 from swama.engine.transcription import Transcript, is_multilingual, transcribe
 
 T = TypeVar("T")
-DECISION_ROWS_PER_TURN = 16  # decision questions scored in one batched pass between batch steps
 _DONE = object()
 
 
@@ -208,10 +207,12 @@ class Engine:
                     scheduler = self._scheduler(model)
                     run = DecisionRun(model, job, prefix_reuse=self.options.decision_prefix_reuse)
                     await scheduler.run(run.start)
+                    if run.joins_others and not run.done:
+                        await scheduler.score(run)  # in passes shared with concurrent decision requests
                     while not run.done:
                         # The suffixes in batched passes, a few rows a turn: the decode steps of other
                         # requests on the model go on between the turns.
-                        await scheduler.run(lambda: run.score_batch(max_rows=DECISION_ROWS_PER_TURN))
+                        await scheduler.run(lambda: run.score_batch(max_rows=DECISION_ROWS))
             else:
                 while run is None or not run.done:
                     async with self.pool.use(model_id, admit=run is None) as model:

@@ -182,3 +182,48 @@ def test_batch_chunks() -> None:
     assert batch_chunks([50, 50], vocab, 0, 0, 1, 1) == [range(0, 1), range(1, 2)]
     # cache copy: rows x (prefix + widest) x 2 bytes within 100 -> rows x (20 + widest) <= 50
     assert batch_chunks([4, 4, 5, 1], vocab, 20, 2, 10**9, 100) == [range(0, 2), range(2, 4)]
+
+
+OTHER_INPUT = "Customer: the app crashes when I open settings; it started after the last update."
+
+
+@pytest.mark.parametrize("name", ["tiny", "smollm2"])
+def test_questions_of_concurrent_requests_share_one_pass(name: str, request: pytest.FixtureRequest) -> None:
+    """Three requests with different inputs (prefixes of different lengths) waiting on one model are
+    scored in one batched pass, with the answers each gets alone."""
+    import asyncio
+    import threading
+
+    from swama.engine.scheduler import Scheduler
+
+    model = request.getfixturevalue(name)
+    questions = mixed_questions()
+    jobs = [DecisionJob(INPUT, questions[:5], 4096), DecisionJob(OTHER_INPUT, questions[5:9], 4096),
+            DecisionJob(INPUT[:300], questions[9:14], 4096)]
+    alone = [one_by_one(started(model, job)) for job in jobs]
+
+    async def together() -> tuple[list[DecisionRun], int]:
+        scheduler = Scheduler(model, prompt_cache=None)
+        try:
+            runs = [DecisionRun(model, job) for job in jobs]
+            for run in runs:
+                await scheduler.run(run.start)
+            assert all(run.joins_others for run in runs)
+            gate = threading.Event()
+            held = scheduler.call(gate.wait)  # the model is busy while all three requests arrive
+            scoring = [asyncio.ensure_future(scheduler.score(run)) for run in runs]
+            await asyncio.sleep(0.1)
+            gate.set()
+            await asyncio.wrap_future(held)
+            await asyncio.gather(*scoring)
+            return runs, scheduler.decision_passes
+        finally:
+            scheduler.close()
+
+    runs, passes = asyncio.run(together())
+    assert passes == 1  # 14 questions of three requests, one pass
+    assert len({run.prefix for run in runs}) == 3  # three different prefixes shared one batch
+    for run, reference in zip(runs, alone, strict=True):
+        assert len(run.answers) == len(reference)
+        for x, y in zip(run.answers, reference, strict=True):
+            assert max(abs(p - q) for p, q in zip(x.probabilities, y.probabilities, strict=True)) < BOUND
