@@ -340,10 +340,7 @@ class DecisionRun:
             logits = _last_logits(self.net, q.ids[self.prefix:], cache)
         else:
             logits = _last_logits(self.net, q.ids, self._cache(), self._prefill(q))
-        check_no_reasoning_opener(logits, _opener_ids(self.model))
-        answer = answer_from_logits(q.view.kind, logits, q.label_ids)
-        self.answers.append(answer)
-        return answer
+        return self.accept(q, logits)
 
     @property
     def batches(self) -> bool:

@@ -167,9 +167,12 @@ class ModelPool:
             async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                 await lock.acquire()
         except TimeoutError:
-            raise EngineError(503, f"Timed out after {self.queue_timeout:g} s waiting for model '{model_id}' "
-                                   "(--queue-timeout); the server is busy, retry later.", "queue_timeout",
-                              headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
+            raise self._timed_out(model_id) from None
+
+    def _timed_out(self, model_id: str) -> EngineError:
+        return EngineError(503, f"Timed out after {self.queue_timeout:g} s waiting for model '{model_id}' "
+                                "(--queue-timeout); the server is busy, retry later.", "queue_timeout",
+                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
 
     @contextlib.asynccontextmanager
     async def use(self, name: str, *, admit: bool = True) -> AsyncIterator[LoadedModel]:
@@ -216,9 +219,7 @@ class ModelPool:
                 async with asyncio.timeout(self.queue_timeout):
                     model = await self._load(installed.id, entry)
             except TimeoutError:
-                raise EngineError(503, f"Timed out after {self.queue_timeout:g} s waiting for model "
-                                       f"'{installed.id}' to load (--queue-timeout); retry later.", "queue_timeout",
-                                  headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
+                raise self._timed_out(installed.id) from None
             entry.last_used = time.monotonic()
             try:
                 yield model

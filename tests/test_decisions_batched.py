@@ -3,6 +3,8 @@ over a tiled copy of the shared prefix, with the same answers as scoring them on
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from swama.engine import decide
 from swama.engine.decide import DecisionJob, DecisionRun, batch_chunks, kv_bytes_per_token
 from swama.engine.model import LoadedModel, load_language_model
+from swama.engine.scheduler import Scheduler
 from swama.engine.scorer import ScoredAnswer, decision_choice_view, decision_score_view, predicate_view
 from swama.tools.build_tiny_model import build_tiny_model
 
@@ -191,11 +194,6 @@ OTHER_INPUT = "Customer: the app crashes when I open settings; it started after 
 def test_questions_of_concurrent_requests_share_one_pass(name: str, request: pytest.FixtureRequest) -> None:
     """Three requests with different inputs (prefixes of different lengths) waiting on one model are
     scored in one batched pass, with the answers each gets alone."""
-    import asyncio
-    import threading
-
-    from swama.engine.scheduler import Scheduler
-
     model = request.getfixturevalue(name)
     questions = mixed_questions()
     jobs = [DecisionJob(INPUT, questions[:5], 4096), DecisionJob(OTHER_INPUT, questions[5:9], 4096),

@@ -199,13 +199,15 @@ class Target:
     results: dict[str, list[Sample]] = field(default_factory=dict)
 
 
-def swama_target(store: Path, compute: str) -> Target:
+def swama_target(store: Path, compute: str, label: str = "swama", env: dict[str, str] | None = None) -> Target:
+    """`swama serve` on `store`; `env` adds settings (e.g. SWAMA_BATCHING=0) to the shared environment."""
     def start(port: int) -> Server:
         argv = [sys.executable, "-m", "swama.handlers.cli", "serve", "--port", str(port), "--log-level", "warning"]
-        env = server_env({"SWAMA_MODELS": str(store), "SWAMA_IDLE_SECONDS": "3600", "HF_HUB_OFFLINE": "1"})
-        return Server("swama", argv, port, "/v1/models", env=env)
+        full = server_env({"SWAMA_MODELS": str(store), "SWAMA_IDLE_SECONDS": "3600", "HF_HUB_OFFLINE": "1",
+                           **(env or {})})
+        return Server(label, argv, port, "/v1/models", env=full)
 
-    return Target("swama", compute, SMOLLM2_ID, start)
+    return Target(label, compute, SMOLLM2_ID, start)
 
 
 def mlx_lm_target(label: str, model_dir: Path, weights: str) -> Target:
@@ -299,6 +301,12 @@ def consistency_notes(targets: list[Target], plan: list[Scenario]) -> list[str]:
     return notes
 
 
+def notes_and_machine(notes: list[str], load: str) -> list[str]:
+    """A report's closing sections: its notes, then the machine it ran on and the load meanwhile."""
+    return ["Notes:\n\n" + "\n".join(f"- {n}" for n in notes),
+            "Machine:\n\n" + facts_lines({**machine_facts(), "load average (1/5/15 min)": load})]
+
+
 def load_average() -> str:
     try:
         return "/".join(f"{x:.2f}" for x in os.getloadavg())
@@ -336,8 +344,7 @@ def report(targets: list[Target], plan: list[Scenario], args: argparse.Namespace
         f"with:\n\n```\n{command}\n```",
         ratios_table(swama, others, plan),
         figures_table(targets, plan),
-        "Notes:\n\n" + "\n".join(f"- {n}" for n in notes),
-        "Machine:\n\n" + facts_lines({**machine_facts(), "load average (1/5/15 min)": load}),
+        *notes_and_machine(notes, load),
     ])
 
 

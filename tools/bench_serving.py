@@ -34,22 +34,20 @@ from swama.tools.bench_chat import (
     exit_on_sigterm,
     load_average,
     mlx_lm_target,
+    notes_and_machine,
     request_body,
     resolve_model_dir,
     stream_chat,
+    swama_target,
 )
 from swama.tools.bench_common import (
     BENCHMARKS_MD,
-    SMOLLM2_ID,
     Server,
     build_store,
-    facts_lines,
     floating_dtype,
     free_port,
-    machine_facts,
     markdown_table,
     ratio,
-    server_env,
     temp_dir,
     today,
     write_float32_copy,
@@ -75,16 +73,6 @@ class Level:
     @property
     def median_ttft(self) -> float:
         return statistics.median(s.ttft for s in self.samples) if self.samples else float("nan")
-
-
-def swama_target(label: str, store: Path, extra_env: dict[str, str]) -> Target:
-    def start(port: int) -> Server:
-        argv = [sys.executable, "-m", "swama.handlers.cli", "serve", "--port", str(port), "--log-level", "warning"]
-        env = server_env({"SWAMA_MODELS": str(store), "SWAMA_IDLE_SECONDS": "3600", "HF_HUB_OFFLINE": "1",
-                          **extra_env})
-        return Server(label, argv, port, "/v1/models", env=env)
-
-    return Target(label, "float32 (cast at load)", SMOLLM2_ID, start)
 
 
 def run_level(target: Target, server: Server, clients: int, requests: int, max_tokens: int, base: int,
@@ -163,8 +151,7 @@ def report(labels: list[str], results: list[list[Level]], command: str, model_di
         f"`{model_dir.name}` (stored as {floating_dtype(model_dir)}, served in float32 by all three). Measured "
         f"{today()} with:\n\n```\n{command}\n```",
         table,
-        "Notes:\n\n" + "\n".join(f"- {n}" for n in notes),
-        "Machine:\n\n" + facts_lines({**machine_facts(), "load average (1/5/15 min)": load}),
+        *notes_and_machine(notes, load),
     ])
 
 
@@ -194,8 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print("writing a float32 copy of the model folder for mlx_lm.server ...", flush=True)
             f32 = write_float32_copy(model_dir, Path(stack.enter_context(temp_dir("bench-serving-f32-"))) / "model")
-        targets = [swama_target("swama", store, {}),
-                   swama_target("swama one at a time", store, {"SWAMA_BATCHING": "0"}),
+        compute = "float32 (cast at load)"
+        targets = [swama_target(store, compute),
+                   swama_target(store, compute, "swama one at a time", {"SWAMA_BATCHING": "0"}),
                    mlx_lm_target("mlx_lm.server", f32, "float32 (converted copy)")]
         load_before = load_average()
         results = [run_target(t, args.clients, args.requests, args.max_tokens, args.timeout) for t in targets]
