@@ -43,6 +43,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
                  "memory_limit"):
         if getattr(args, name) is not None:
             setattr(settings, name, getattr(args, name))
+    # Flags and their environment variables alike: a zero row count or prefill step would never finish.
+    for flag, value in (("--batch-rows", settings.batch_rows), ("--prefill-step", settings.prefill_step),
+                        ("--memory-limit", settings.memory_limit)):
+        if value is not None and value < 1:
+            print(f"error: {flag} must be at least 1 (got {value})", file=sys.stderr)
+            return 2
     if args.no_decision_prefix_cache:
         settings.decision_prefix_reuse = False
     if args.no_batching:

@@ -5,6 +5,9 @@ is simulated with --memory-limit; the estimate reads the safetensors headers."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -90,3 +93,13 @@ def test_a_model_larger_than_the_limit_gets_a_clear_503(small_server: LiveServer
     message = r.json()["error"]["message"]
     assert message.startswith(f"Not enough memory to load model '{TINY_ID}'")
     assert "of the --memory-limit" in message and "use a smaller (quantized) model" in message
+
+
+@pytest.mark.parametrize(("args", "env", "flag"), [(["--batch-rows", "0"], {}, "--batch-rows"),
+                                                   ([], {"SWAMA_PREFILL_STEP": "0"}, "--prefill-step"),
+                                                   (["--memory-limit", "-5"], {}, "--memory-limit")])
+def test_serve_refuses_limits_that_could_never_serve(tmp_path: Path, args: list[str], env: dict, flag: str) -> None:
+    out = subprocess.run([sys.executable, "-m", "swama.handlers.cli", "serve", "--port", "1", *args],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "SWAMA_MODELS": str(tmp_path), **env})
+    assert out.returncode == 2 and f"error: {flag} must be at least 1" in out.stderr
