@@ -29,6 +29,7 @@ from swama.engine.errors import EngineError
 from swama.engine.memory import available_bytes, gib, model_bytes
 from swama.engine.model import LoadedModel, load_model
 from swama.engine.store import ModelStore
+from swama.engine.threads import run_parked
 
 log = logging.getLogger("swama.pool")
 RETRY_AFTER_SECONDS = 1
@@ -94,7 +95,7 @@ class ModelPool:
 
             async def run() -> None:
                 try:
-                    model = await asyncio.to_thread(self.loader, installed.id, installed.path)
+                    model = await run_parked(lambda: self.loader(installed.id, installed.path))
                 except BaseException as exc:  # every waiter sees the failure; the next request retries
                     if isinstance(exc, Exception) and not isinstance(exc, EngineError):
                         log.warning("could not load %s: %s", installed.id, exc)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import queue
 import threading
 import time
 from collections import deque
@@ -36,6 +35,7 @@ from swama.engine.errors import Cancelled, EngineError
 from swama.engine.generator import ChatRequest, Decoder, Event, generate, make_sampling, prepare, token_budget
 from swama.engine.model import LoadedModel
 from swama.engine.prompt_cache import PromptCache, cacheable
+from swama.engine.threads import THREADS
 
 log = logging.getLogger("swama.scheduler")
 T = TypeVar("T")
@@ -67,43 +67,6 @@ class _Job:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
 
-class _Threads:
-    """Threads that never end, handed from one scheduler to the next. MLX gives each thread its own
-    streams, and a thread that ends while the interpreter exits can abort the process as its streams
-    are torn down; parked threads are simply left behind at exit."""
-
-    def __init__(self) -> None:
-        self._idle: list[queue.SimpleQueue[Callable[[], None]]] = []
-        self._lock = threading.Lock()
-
-    def run(self, target: Callable[[], None], name: str) -> threading.Event:
-        """Run `target` on a parked thread (or a new one); the event is set once it returned."""
-        done = threading.Event()
-
-        def job() -> None:
-            try:
-                target()
-            finally:
-                done.set()
-
-        with self._lock:
-            inbox = self._idle.pop() if self._idle else None
-        if inbox is None:
-            inbox = queue.SimpleQueue()
-            threading.Thread(target=self._serve, args=(inbox,), name=name, daemon=True).start()
-        inbox.put(job)
-        return done
-
-    def _serve(self, inbox: queue.SimpleQueue[Callable[[], None]]) -> None:
-        while True:
-            inbox.get()()
-            with self._lock:
-                self._idle.append(inbox)
-
-
-_THREADS = _Threads()
-
-
 class Scheduler:
     def __init__(self, model: LoadedModel, *, prompt_cache: PromptCache | None, batching: bool = True,
                  rows: int = DEFAULT_ROWS, prefill_step: int = DEFAULT_PREFILL_STEP) -> None:
@@ -122,7 +85,7 @@ class Scheduler:
         self._gen: Any = None
         self._eos: Any = None
         self._thread: threading.Thread | None = None  # the thread running the loop, once it runs
-        self._stopped = _THREADS.run(self._loop, "swama-scheduler")
+        self._stopped = THREADS.submit(self._loop, "swama-scheduler")
 
     # -- the event loop's side ---------------------------------------------------------------------
 
@@ -181,7 +144,7 @@ class Scheduler:
             self._closed = True
             self._wake.notify()
         if threading.current_thread() is not self._thread:
-            self._stopped.wait(timeout)
+            concurrent.futures.wait([self._stopped], timeout)
 
     def _submit(self, change: Callable[[], None]) -> None:
         with self._wake:

@@ -29,6 +29,7 @@ from swama.engine.runtime import compute_dtype
 from swama.engine.scheduler import DECISION_ROWS, DEFAULT_PREFILL_STEP, DEFAULT_ROWS, Scheduler
 from swama.engine.speech import Segment, synthesize
 from swama.engine.store import InstalledModel, ModelNotInstalled, ModelStore
+from swama.engine.threads import THREADS
 from swama.engine.transcription import Transcript, is_multilingual, transcribe
 
 T = TypeVar("T")
@@ -59,7 +60,7 @@ class _Failure:
 
 
 async def iterate_in_thread(make: Callable[[threading.Event], Iterator[T]]) -> AsyncIterator[T]:
-    """Run a blocking iterator on its own thread, yielding its items on the event loop."""
+    """Run a blocking iterator on a parked thread, yielding its items on the event loop."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Any] = asyncio.Queue()
     cancel = threading.Event()
@@ -72,8 +73,7 @@ async def iterate_in_thread(make: Callable[[threading.Event], Iterator[T]]) -> A
         except BaseException as exc:  # handed to the consumer, raised there
             loop.call_soon_threadsafe(queue.put_nowait, _Failure(exc))
 
-    thread = threading.Thread(target=worker, name="swama-worker", daemon=True)
-    thread.start()
+    finished = asyncio.wrap_future(THREADS.submit(worker, "swama-worker"))
     try:
         while True:
             item = await queue.get()
@@ -85,14 +85,14 @@ async def iterate_in_thread(make: Callable[[threading.Event], Iterator[T]]) -> A
     finally:
         cancel.set()
         # The model stays reserved until its worker really stopped.
-        await asyncio.shield(asyncio.to_thread(thread.join))
+        await asyncio.shield(finished)
 
 
 async def _in_thread(step: Callable[[], T], cancel: threading.Event | None = None) -> T:
-    """Run one blocking step on a worker thread. Even when the caller is cancelled it waits for the
+    """Run one blocking step on a parked thread. Even when the caller is cancelled it waits for the
     step to end, so the model slot it holds is never handed on while the model is still busy;
     `cancel`, when given, is set first so a step that watches it ends early."""
-    task = asyncio.ensure_future(asyncio.to_thread(step))
+    task = asyncio.wrap_future(THREADS.submit(step, "swama-worker"))
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
