@@ -47,7 +47,12 @@ def model_bytes(folder: Path, float_bytes: int | None) -> int:
 
 
 def available_bytes() -> int | None:
-    """Memory the system can give without swapping (MemAvailable); None where it is not known."""
+    """Memory free for a model: the GPU's free memory when models compute there, else what the
+    system can give without swapping (MemAvailable); None where it is not known."""
+    from swama.engine.runtime import on_gpu
+
+    if on_gpu():
+        return _gpu_free_bytes()
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
@@ -55,6 +60,17 @@ def available_bytes() -> int | None:
     except OSError:
         pass
     return None
+
+
+def _gpu_free_bytes() -> int | None:
+    import mlx.core as mx
+
+    info = mx.device_info()
+    free = info.get("free_memory")
+    if isinstance(free, int):
+        return free
+    total = info.get("total_memory", info.get("memory_size"))
+    return total - mx.get_active_memory() if isinstance(total, int) else None
 
 
 def gib(n: int) -> str:

@@ -77,12 +77,10 @@ def _eos_ids(path: Path, tokenizer: Any) -> set[int]:
 
 
 def cast_for_device(model: Any) -> None:
-    """On the CPU the weights are cast to float32, its fastest dtype there."""
+    """Floating weights are cast to the device's compute dtype (float32 on the CPU, bfloat16 on a GPU)."""
     import mlx.core as mx
 
-    dtype = compute_dtype()
-    if dtype is not None:
-        model.set_dtype(dtype)
+    model.set_dtype(compute_dtype())
     mx.eval(model.parameters())
 
 

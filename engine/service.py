@@ -26,7 +26,7 @@ from swama.engine.model_kinds import LANGUAGE, SPEECH_TO_TEXT, VISION
 from swama.engine.pool import ModelPool
 from swama.engine.prompt_cache import PromptCache, default_budget
 from swama.engine.runtime import compute_dtype
-from swama.engine.scheduler import DECISION_ROWS, DEFAULT_PREFILL_STEP, DEFAULT_ROWS, Scheduler
+from swama.engine.scheduler import DECISION_ROWS, DEFAULT_ROWS, Scheduler
 from swama.engine.speech import Segment, synthesize
 from swama.engine.store import InstalledModel, ModelNotInstalled, ModelStore
 from swama.engine.threads import THREADS
@@ -50,7 +50,7 @@ class EngineOptions:
     prompt_cache_bytes: int = field(default_factory=default_budget)  # per model; 0: no prompt cache
     batching: bool = True  # continuous batching of chat and responses on language models
     batch_rows: int = DEFAULT_ROWS  # rows one model decodes together
-    prefill_step: int = DEFAULT_PREFILL_STEP  # prompt tokens read per step, interleaved with decoding
+    prefill_step: int | None = None  # prompt tokens read per step, interleaved with decoding (None: the device's)
     memory_limit: int | None = None  # bytes for all loaded models (None: the system's available memory)
 
 
@@ -114,7 +114,7 @@ class Engine:
                               max_concurrent=options.max_concurrent, max_queue=options.max_queue,
                               max_model_queue=options.max_model_queue, queue_timeout=options.queue_timeout,
                               memory_limit=options.memory_limit,
-                              float_bytes=4 if compute_dtype() is not None else None)
+                              float_bytes=compute_dtype().size)
 
     def installed(self, name: str) -> InstalledModel:
         """The installed model for `name`; 404 when it is not installed (the server never downloads)."""

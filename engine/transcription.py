@@ -71,6 +71,15 @@ def is_multilingual(model: LoadedModel) -> bool:
     return bool(model.model.is_multilingual)
 
 
+def whisper_dtype() -> Any:
+    """Whisper's decoder runs in float16 or float32 only (mlx-audio refuses other audio features),
+    so where the engine computes in bfloat16 (a GPU) Whisper takes float16, the dtype it ships in."""
+    import mlx.core as mx
+
+    dtype = compute_dtype()
+    return mx.float16 if dtype == mx.bfloat16 else dtype
+
+
 def _cast_whisper(model: Any, dtype: Any) -> None:
     """Cast weights and the two buffers Whisper keeps beside them (sinusoid positions, causal mask);
     `generate` casts each window's mel to `model.dtype`."""
@@ -98,9 +107,7 @@ def load_speech_to_text_model(model_id: str, path: Path) -> LoadedModel:
     if getattr(model, "_processor", None) is None:
         detail = "; ".join(str(w.message) for w in caught) or "no tokenizer files"
         raise EngineError(500, f"Model '{model_id}' has no usable Whisper tokenizer ({detail}).", "server_error")
-    dtype = compute_dtype()
-    if dtype is not None:
-        _cast_whisper(model, dtype)
+    _cast_whisper(model, whisper_dtype())
     return LoadedModel(model_id, path, model, None, config, set(), kind=SPEECH_TO_TEXT)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import os
 import sys
 
 from swama.engine.generator import DEFAULT_TEMPERATURE
@@ -216,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "and finished ones leave between steps (default 16, env SWAMA_BATCH_ROWS)")
     serve.add_argument("--prefill-step", type=int, default=None, metavar="TOKENS",
                        help="prompt tokens read per step while other requests decode, so a long prompt does "
-                            "not stall the streams already running (default 512, env SWAMA_PREFILL_STEP)")
+                            "not stall the streams already running (default 512 on the CPU, 4096 on a GPU; env SWAMA_PREFILL_STEP)")
     serve.add_argument("--memory-limit", type=int, default=None, metavar="BYTES",
                        help="memory all loaded models may take; a load past it evicts idle models first and "
                             "otherwise gets 503 (default: what the system has available; env SWAMA_MEMORY_LIMIT)")
@@ -226,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="score every decision question from a fresh cache (bit-exact repeats of single "
                             "questions) instead of sharing one prefill of the common prefix; env "
                             "SWAMA_DECISION_PREFIX_CACHE=0")
+    _add_device_options(serve)
     serve.set_defaults(func=cmd_serve)
 
     run = sub.add_parser("run", help="generate a reply to one prompt",
@@ -250,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--server-host", default="127.0.0.1")
     run.add_argument("--server-port", type=int, default=DEFAULT_PORT)
     run.add_argument("--context-limit", "--num-ctx", type=int, default=None)
+    _add_device_options(run)
     run.set_defaults(func=cmd_run)
 
     tr = sub.add_parser(
@@ -283,6 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--direct", action="store_true", help="never use a running server")
     tr.add_argument("--server-host", default="127.0.0.1")
     tr.add_argument("--server-port", type=int, default=DEFAULT_PORT)
+    _add_device_options(tr)
     tr.set_defaults(func=cmd_transcribe)
 
     pull = sub.add_parser("pull", help="download a model",
@@ -322,16 +326,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_device_options(command: argparse.ArgumentParser) -> None:
+    from swama.engine.runtime import DEVICE_CHOICES, DTYPE_CHOICES
+
+    command.add_argument("--device", choices=DEVICE_CHOICES, default=None,
+                         help="where models compute: the GPU when MLX's GPU build has one, else the CPU "
+                              "(default auto; env SWAMA_DEVICE, or SWAMA_BACKEND=cuda|cpu)")
+    command.add_argument("--dtype", choices=DTYPE_CHOICES, default=None,
+                         help="dtype floating weights are cast to at load: bfloat16 on a GPU, float32 on the "
+                              "CPU, its fastest there (default auto; env SWAMA_DTYPE)")
+
+
+def _apply_device_options(args: argparse.Namespace) -> None:
+    """--device and --dtype become the environment the engine reads (and a BLAS restart keeps)."""
+    if getattr(args, "device", None):
+        os.environ["SWAMA_DEVICE"] = args.device
+    if getattr(args, "dtype", None):
+        os.environ["SWAMA_DTYPE"] = args.dtype
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "-V", "--version"):
         argv = ["serve", *argv]
     args = parser.parse_args(argv)
+    _apply_device_options(args)
     if args.command in ("serve", "run", "transcribe"):
-        from swama.engine.runtime import reexec_with_fast_blas
+        from swama.engine.runtime import activate_device, reexec_with_fast_blas
 
-        reexec_with_fast_blas(argv)
+        try:
+            reexec_with_fast_blas(argv)
+            activate_device()
+        except (RuntimeError, ValueError) as exc:  # a device or dtype this machine cannot give
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from swama.engine.errors import EngineError
     from swama.engine.store import StoreError

@@ -38,7 +38,9 @@ class Settings:
     # Continuous batching of chat and responses: rows decoded together per model, the prefill chunk
     # interleaved with decode steps, and off (one request at a time per model, in arrival order).
     batch_rows: int = field(default_factory=lambda: int(os.environ.get("SWAMA_BATCH_ROWS", 16)))
-    prefill_step: int = field(default_factory=lambda: int(os.environ.get("SWAMA_PREFILL_STEP", 512)))
+    # None: the device's default (engine/scheduler.py default_prefill_step).
+    prefill_step: int | None = field(default_factory=lambda: int(os.environ["SWAMA_PREFILL_STEP"])
+                                     if os.environ.get("SWAMA_PREFILL_STEP") else None)
     batching: bool = field(default_factory=lambda: os.environ.get("SWAMA_BATCHING", "1") != "0")
     # Bytes all loaded models may take (None: what the system has available); loads past it evict
     # idle models first, else answer 503.

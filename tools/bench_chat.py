@@ -222,8 +222,8 @@ def mlx_lm_target(label: str, model_dir: Path, weights: str) -> Target:
 def swama_compute_dtype(weights: str) -> str:
     from swama.engine.runtime import compute_dtype
 
-    dtype = compute_dtype()
-    return f"{weights} (as stored)" if dtype is None else f"{str(dtype).removeprefix('mlx.core.')} (cast at load)"
+    dtype = str(compute_dtype()).removeprefix("mlx.core.")
+    return f"{weights} (as stored)" if dtype == weights else f"{dtype} (cast at load)"
 
 
 def run_target(target: Target, plan: list[Scenario], runs: int, timeout: float) -> None:

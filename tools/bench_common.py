@@ -167,7 +167,12 @@ def package_version(name: str) -> str:
 
 
 def machine_facts() -> dict[str, str]:
+    from swama.engine.runtime import will_use_gpu
+
     lib = server_env().get("LD_PRELOAD")
+    blas = f"yes ({lib})" if lib else "no (MLX's bundled reference BLAS)"
+    if will_use_gpu():
+        blas = "not in the path (models compute on the GPU)"
     return {
         "cpus": str(os.cpu_count()),
         "platform": platform.platform(),
@@ -175,7 +180,7 @@ def machine_facts() -> dict[str, str]:
         "python": platform.python_version(),
         "mlx": package_version("mlx"),
         "mlx-lm": package_version("mlx-lm"),
-        "blas preloaded": f"yes ({lib})" if lib else "no (MLX's bundled reference BLAS)",
+        "blas preloaded": blas,
     }
 
 

@@ -2,6 +2,8 @@
 # Set-up and everyday commands for a fresh checkout.
 #   bash tools/dev.sh test     install everything into .venv, then run the whole test suite
 #   bash tools/dev.sh serve [MODEL]   install, then serve MODEL (default smollm2) on 127.0.0.1:28100
+# The MLX backend follows the machine: CUDA when an NVIDIA GPU is present, else the CPU build;
+# SWAMA_BACKEND=cuda|cpu picks one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,23 +26,42 @@ system_packages() {
     fi
 }
 
+backend() {
+    case "${SWAMA_BACKEND:-auto}" in
+        cuda|cpu) echo "$SWAMA_BACKEND" ;;
+        auto)
+            if [ "$(uname -s)" = Linux ] && { [ -e /proc/driver/nvidia/version ] || nvidia-smi -L >/dev/null 2>&1; }; then
+                echo cuda
+            else
+                echo cpu
+            fi ;;
+        *) echo "SWAMA_BACKEND must be cuda, cpu or auto (got '$SWAMA_BACKEND')" >&2; exit 2 ;;
+    esac
+}
+
 install() {
     system_packages
     if [ ! -x "$VENV/bin/python" ]; then
         "$PY" -m venv "$VENV"
     fi
     "$VENV/bin/python" -m pip install --quiet --upgrade pip
-    # One MLX backend per environment: CPU here (use the `cuda` extra on NVIDIA machines).
-    "$VENV/bin/python" -m pip install --quiet -e ".[cpu,test]"
+    # One MLX backend per environment (both builds ship libmlx.so): the other one goes first.
+    local other=mlx-cuda-13
+    [ "$BACKEND" = cpu ] || other=mlx-cpu
+    "$VENV/bin/python" -m pip uninstall --quiet -y "$other" >/dev/null 2>&1 || true
+    "$VENV/bin/python" -m pip install --quiet -e ".[$BACKEND,test]"
 }
+
+BACKEND=$(backend)
 
 case "${1:-}" in
     test)
         install
         "$VENV/bin/python" -m swama.tools.specs check
         "$VENV/bin/ruff" check engine handlers tools tests
-        # In-process model tests get the same OpenBLAS preload the server gives itself.
-        lib=$(ls /usr/lib/*/openblas-pthread/libopenblas.so.0 2>/dev/null | head -n 1 || true)
+        # In-process model tests get the same OpenBLAS preload the server gives itself (CPU backend).
+        lib=
+        [ "$BACKEND" = cuda ] || lib=$(ls /usr/lib/*/openblas-pthread/libopenblas.so.0 2>/dev/null | head -n 1 || true)
         # pytest exits 5 when it collects no test: that is a failure here, not a pass.
         LD_PRELOAD=${lib:-${LD_PRELOAD:-}} "$VENV/bin/python" -m pytest -q "${@:2}"
         ;;
