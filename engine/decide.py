@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from swama.engine.heads import Head, fill_cache, head_split, logits_at
 from swama.engine.model import LoadedModel
 from swama.engine.scorer import (
     CHAT_TEMPLATE_REQUIRED,
@@ -52,12 +53,13 @@ from swama.engine.scorer import (
     check_context,
     check_no_reasoning_opener,
     check_reasoning_closed,
-    check_round_trip,
     find_pair_labels,
     label_token_ids,
     labels_for,
     reasoning_opener_ids,
 )
+from swama.engine.scorer.batch_encode import encode_prompts, round_trips
+from swama.engine.scorer.checks import ROUND_TRIP_FAILED
 from swama.engine.vision import LOW_DETAIL_SIDE, MULTIMODAL_CONTEXT_LIMIT, Prefill, fit_within
 
 
@@ -116,6 +118,10 @@ def context_limit(job: DecisionJob) -> int:
     return min(job.context_limit, MULTIMODAL_CONTEXT_LIMIT) if job.images else job.context_limit
 
 
+def _label_memo(model: LoadedModel) -> dict:
+    return model.caches.setdefault("label_memo", {})
+
+
 def prepare(model: LoadedModel, job: DecisionJob) -> list[PreparedQuestion]:
     if not model.has_chat_template:
         raise DecisionError(400, CHAT_TEMPLATE_REQUIRED)
@@ -125,18 +131,24 @@ def prepare(model: LoadedModel, job: DecisionJob) -> list[PreparedQuestion]:
     for view in job.questions:
         labels = labels_for(view, lambda: _pair_labels(model))
         content = build_content(job.text, view, labels)
-        prompt = _render(model, content)
-        ids = tok.encode(prompt)
+        rendered.append((view, labels, content, _render(model, content)))
+    prompts = [prompt for *_, prompt in rendered]
+    # All prompts at once: the shared input is encoded once, the tokenizer runs in parallel.
+    encoded = encode_prompts(tok, prompts)
+    all_ids = encoded.ids
+    round_trip = round_trips(tok, prompts, encoded)
+    for (_, _, content, prompt), ids, ok in zip(rendered, all_ids, round_trip, strict=True):
         check_context(len(ids), limit, systemone=job.systemone)
-        check_round_trip(tok, ids)
+        if not ok:
+            raise DecisionError(400, ROUND_TRIP_FAILED)
         check_reasoning_closed(prompt, content)
-        rendered.append((view, labels, content, prompt, ids))
     if job.images and model.vision is None:
         raise DecisionError(400, IMAGES_NEED_VISION)
     images = [fit_within(i, LOW_DETAIL_SIDE) for i in job.images] if job.low_detail else list(job.images)
     prepared = []
-    for view, labels, content, prompt, ids in rendered:
-        label_ids = label_token_ids(tok, prompt, ids, labels)
+    memo = _label_memo(model)
+    for (view, labels, content, prompt), ids in zip(rendered, all_ids, strict=True):
+        label_ids = label_token_ids(tok, prompt, ids, labels, memo)
         if not images:
             prepared.append(PreparedQuestion(view, ids, label_ids))
             continue
@@ -150,24 +162,29 @@ def common_prefix(sequences: Sequence[Sequence[int]]) -> int:
     """Length of the longest prefix every sequence shares, leaving each at least one token to score."""
     if not sequences:
         return 0
-    first, n = sequences[0], min(len(s) for s in sequences) - 1
-    for i in range(max(n, 0)):
-        if any(s[i] != first[i] for s in sequences):
-            return i
-    return max(n, 0)
+    n = max(min(len(s) for s in sequences) - 1, 0)
+    first = np.asarray(sequences[0][:n])
+    for s in sequences[1:]:
+        differs = np.flatnonzero(np.asarray(s[:n]) != first)
+        if differs.size:
+            n = int(differs[0])
+            first = first[:n]
+    return n
 
 
-def _last_logits(net: Any, ids: Sequence[int], cache: Any, prefill: Prefill | None = None) -> np.ndarray:
+def _last_logits(net: Any, ids: Sequence[int], cache: Any, prefill: Prefill | None = None,
+                 split: Head | None = None) -> np.ndarray:
     """Logits after `ids` on `net` (a model or a vision model's language view); with `prefill`,
-    its input embeddings (image features in place) feed the model instead of the ids alone."""
+    its input embeddings (image features in place) feed the model instead of the ids alone; with
+    `split`, only the last position goes through the vocabulary projection."""
     import mlx.core as mx
 
     if prefill is None:
-        out = net(mx.array(ids)[None], cache=cache)
+        logits = logits_at(net, split, mx.array(ids)[None], cache, mx.array([0]), mx.array([len(ids) - 1]))[0]
     else:
         net.expect(prefill)
         out = net(mx.array(ids)[None], cache=cache, input_embeddings=prefill.embeddings)
-    logits = out[0, -1].astype(mx.float32)
+        logits = out[0, -1].astype(mx.float32)
     mx.eval(logits)
     return np.array(logits, copy=False)
 
@@ -208,6 +225,20 @@ def restore_cache(snapshot: list[Any], cache: list[Any]) -> list[Any]:
 # and its rows' copies of the prefix keys and values.
 BATCH_LOGITS_BYTES = 256 * 2**20
 BATCH_CACHE_BYTES = 1024 * 2**20
+GPU_BATCH_CACHE_BYTES = 16 * 2**30  # at most, and at most an eighth of the GPU's free memory
+
+
+def default_batch_cache_bytes() -> int:
+    """The bound on a batched pass's copies of the prefix cache: 1 GiB on the CPU; on a GPU an eighth
+    of its free memory, up to 16 GiB (20 rows of a 1,000-token prefix of a Qwen3-0.6B-sized model
+    take 2.5 GB: under the CPU bound they would run in three passes)."""
+    from swama.engine.memory import available_bytes
+    from swama.engine.runtime import on_gpu
+
+    if not on_gpu():
+        return BATCH_CACHE_BYTES
+    free = available_bytes() or 0
+    return max(BATCH_CACHE_BYTES, min(GPU_BATCH_CACHE_BYTES, free // 8))
 
 
 def plain_kv(cache: list[Any]) -> bool:
@@ -250,7 +281,8 @@ def tiled_cache(shared: list[Any], rows: int, room: int) -> list[Any]:
 def batch_chunks(lengths: Sequence[int], vocab: int, prefix: int, kv_token_bytes: int,
                  logits_bytes: int, cache_bytes: int) -> list[range]:
     """Consecutive rows (by index into `lengths`, the suffix lengths) for batched passes, each as
-    many rows as keep its logits (rows x longest x vocab x 4 bytes) within `logits_bytes` and its copy
+    many rows as keep its outputs (rows x longest x `vocab` float32 values per position: the
+    vocabulary, or the hidden size where only scored positions are projected) within `logits_bytes` and its copy
     of the cache (rows x (prefix + longest) x `kv_token_bytes`) within `cache_bytes`; at least one
     row each."""
     chunks: list[range] = []
@@ -282,10 +314,13 @@ class DecisionRun:
     is how concurrent requests share a model fairly."""
 
     batch_logits_bytes: int = BATCH_LOGITS_BYTES
-    batch_cache_bytes: int = BATCH_CACHE_BYTES
+    batch_cache_bytes: int = BATCH_CACHE_BYTES  # replaced per run by the device's bound (see __init__)
 
     def __init__(self, model: LoadedModel, job: DecisionJob, *, prefix_reuse: bool = True) -> None:
         self.model, self.job, self.prefix_reuse = model, job, prefix_reuse
+        if "batch_cache_bytes" not in model.caches:
+            model.caches["batch_cache_bytes"] = default_batch_cache_bytes()
+        self.batch_cache_bytes = model.caches["batch_cache_bytes"]
         self.net = model.network()
         self.prepared: list[PreparedQuestion] = []
         self.answers: list[ScoredAnswer] = []
@@ -302,6 +337,30 @@ class DecisionRun:
         from mlx_lm.models.cache import make_prompt_cache
 
         return make_prompt_cache(self.net)
+
+    def _fill(self, ids: Sequence[int], cache: list[Any], prefill: Prefill | None) -> None:
+        """The shared prefix into `cache`; its own logits are never needed (every question has at
+        least one token after it)."""
+        import mlx.core as mx
+
+        if prefill is None:
+            fill_cache(self.net, mx.array(ids)[None], cache)
+        else:
+            self.net.expect(prefill)
+            fill_cache(self.net, mx.array(ids)[None], cache, input_embeddings=prefill.embeddings)
+
+    @property
+    def split(self) -> Head | None:
+        """The model's verified body and head (text models), so only scored positions are projected."""
+        return head_split(self.net, self.model.caches) if self.model.vision is None else None
+
+    @property
+    def position_bytes(self) -> int:
+        """Bytes a batched pass holds per input position: its float32 logits without a head split,
+        else its hidden state (the logits then exist for one position per row)."""
+        if self.split is None:
+            return self.model.vocab_size * 4
+        return int(self.model.config.get("hidden_size") or self.model.vocab_size) * 4
 
     def _prefill(self, q: PreparedQuestion) -> Prefill | None:
         if q.processed is None:
@@ -321,8 +380,7 @@ class DecisionRun:
             first = self.prepared[0]
             prefill = self._prefill(first)
             self._shared = self._cache()
-            _last_logits(self.net, first.ids[: self.prefix], self._shared,
-                         prefill.head(self.prefix) if prefill is not None else None)
+            self._fill(first.ids[: self.prefix], self._shared, prefill.head(self.prefix) if prefill is not None else None)
             if not trims_exactly(self._shared):
                 # Recurrent or sliding-window layers cannot be trimmed back to the prefix: keep a
                 # snapshot of the prefix state instead and give every question its own copy of it.
@@ -333,13 +391,14 @@ class DecisionRun:
 
         q = self.prepared[len(self.answers)]
         if self._shared is not None:
-            logits = _last_logits(self.net, q.ids[self.prefix:], self._shared)
+            logits = _last_logits(self.net, q.ids[self.prefix:], self._shared, split=self.split)
             trim_prompt_cache(self._shared, len(q.ids) - self.prefix)  # back to the shared prefix
         elif self._snapshot is not None:
             cache = restore_cache(self._snapshot, self._cache())
-            logits = _last_logits(self.net, q.ids[self.prefix:], cache)
+            logits = _last_logits(self.net, q.ids[self.prefix:], cache, split=self.split)
         else:
-            logits = _last_logits(self.net, q.ids, self._cache(), self._prefill(q))
+            prefill = self._prefill(q)
+            logits = _last_logits(self.net, q.ids, self._cache(), prefill, None if prefill else self.split)
         return self.accept(q, logits)
 
     @property
@@ -367,7 +426,7 @@ class DecisionRun:
         # No prefix to copy without a shared cache; the whole prompts' logits then dominate the memory.
         kv_token_bytes = kv_bytes_per_token(self._shared) if self._shared is not None else 0
         scored = []
-        for rows in batch_chunks(lengths, self.model.vocab_size, self.prefix, kv_token_bytes,
+        for rows in batch_chunks(lengths, self.position_bytes // 4, self.prefix, kv_token_bytes,
                                  self.batch_logits_bytes, self.batch_cache_bytes):
             chunk = [questions[i] for i in rows]
             scored += [self.accept(q, logits) for q, logits in zip(chunk, self._batch_logits(chunk), strict=True)]
@@ -398,8 +457,8 @@ class DecisionRun:
         # Right padding: under the causal mask no real token attends to the padding after it.
         tokens = mx.array([s + [0] * (width - len(s)) for s in suffixes])
         cache = tiled_cache(self._shared, len(chunk), width) if self._shared is not None else self._cache()
-        out = self.net(tokens, cache=cache)
-        logits = out[mx.arange(len(chunk)), mx.array([len(s) - 1 for s in suffixes])].astype(mx.float32)
+        logits = logits_at(self.net, self.split, tokens, cache, mx.arange(len(chunk)),
+                           mx.array([len(s) - 1 for s in suffixes]))
         mx.eval(logits)
         return np.array(logits, copy=False)
 
@@ -420,7 +479,7 @@ def pick_rows(runs: Sequence[DecisionRun], max_rows: int) -> list[tuple[Decision
             q = queue[0]
             w, p = max(width, len(q.ids) - run.prefix), max(prefix, run.prefix)
             n = len(rows) + 1
-            if rows and (n * w * run.model.vocab_size * 4 > run.batch_logits_bytes
+            if rows and (n * w * run.position_bytes > run.batch_logits_bytes
                          or n * (p + w) * kv_bytes_per_token(run._shared) > run.batch_cache_bytes):
                 return rows
             rows.append((run, queue.pop(0)))
@@ -444,7 +503,7 @@ def score_across(rows: Sequence[tuple[DecisionRun, PreparedQuestion]]) -> np.nda
     cache = [BatchKVCache.merge([run._shared[i] for run, _ in rows]) for i in range(layers)]
     for layer in cache:
         layer.prepare(lengths=lengths, right_padding=[width - n for n in lengths])
-    out = rows[0][0].net(tokens, cache=cache)
-    logits = out[mx.arange(len(rows)), mx.array([n - 1 for n in lengths])].astype(mx.float32)
+    first = rows[0][0]
+    logits = logits_at(first.net, first.split, tokens, cache, mx.arange(len(rows)), mx.array([n - 1 for n in lengths]))
     mx.eval(logits)
     return np.array(logits, copy=False)

@@ -50,3 +50,10 @@ class HFLabelTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._backend.decode(list(ids), skip_special_tokens=False)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """`encode` of each text, run in parallel by the tokenizer."""
+        return [list(e.ids) for e in self._backend.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
+        return self._backend.decode_batch([list(ids) for ids in batch], skip_special_tokens=False)

@@ -73,9 +73,14 @@ class Boundary:
 
 
 def added_token_boundary(
-    tokenizer: LabelTokenizer, prompt_text: str, prompt_ids: Sequence[int], first_label: str
+    tokenizer: LabelTokenizer, prompt_text: str, prompt_ids: Sequence[int], first_label: str,
+    memo: dict | None = None,
 ) -> Boundary | None:
-    """The added-token shortcut, or ``None`` when the whole prompt must be re-encoded per label."""
+    """The added-token shortcut, or ``None`` when the whole prompt must be re-encoded per label.
+
+    ``memo`` (one dict per tokenizer) keeps the whole-prompt check's verdict per marker, tail and
+    first label: with a tokenizer that splits at added tokens, the text before the marker cannot
+    change it, and re-encoding the whole prompt is the costly part."""
     added = tokenizer.added_tokens
     if not tokenizer.splits_at_added_tokens or any(t.lstrip or t.rstrip for t in added.values()):
         return None
@@ -92,10 +97,23 @@ def added_token_boundary(
     suffix_ids = list(prompt_ids[position + 1 :])
     if tokenizer.encode(suffix) != suffix_ids:
         return None
-    head = list(prompt_ids[: position + 1])
-    if tokenizer.encode(prompt_text + first_label) != head + tokenizer.encode(suffix + first_label):
-        return None
-    return Boundary(position, suffix, tuple(suffix_ids))
+    key = ("boundary", marker, suffix, first_label)
+    if memo is None or key not in memo:
+        head = list(prompt_ids[: position + 1])
+        verdict = tokenizer.encode(prompt_text + first_label) == head + tokenizer.encode(suffix + first_label)
+        if memo is None:
+            return Boundary(position, suffix, tuple(suffix_ids)) if verdict else None
+        _remember(memo, key, verdict)
+    return Boundary(position, suffix, tuple(suffix_ids)) if memo[key] else None
+
+
+MEMO_ENTRIES = 4096  # label checks kept per tokenizer; the memo starts afresh past this
+
+
+def _remember(memo: dict, key: tuple, value: object) -> None:
+    if len(memo) >= MEMO_ENTRIES:
+        memo.clear()
+    memo[key] = value
 
 
 def _single_new_token(encoded: Sequence[int], base_ids: Sequence[int]) -> int | None:
@@ -105,12 +123,19 @@ def _single_new_token(encoded: Sequence[int], base_ids: Sequence[int]) -> int | 
 
 
 def label_token_ids(
-    tokenizer: LabelTokenizer, prompt_text: str, prompt_ids: Sequence[int], labels: Sequence[str]
+    tokenizer: LabelTokenizer, prompt_text: str, prompt_ids: Sequence[int], labels: Sequence[str],
+    memo: dict | None = None,
 ) -> list[int]:
-    """Check that each label adds exactly one new, distinct token to the prompt; return the ids."""
+    """Check that each label adds exactly one new, distinct token to the prompt; return the ids.
+
+    With ``memo`` and an added-token boundary, a label set checked once after the same prompt tail
+    is not checked again (the tail is all the check reads)."""
     if not labels:
         return []
-    boundary = added_token_boundary(tokenizer, prompt_text, prompt_ids, labels[0])
+    boundary = added_token_boundary(tokenizer, prompt_text, prompt_ids, labels[0], memo)
+    key = ("labels", boundary.suffix, tuple(labels)) if boundary is not None and memo is not None else None
+    if key is not None and key in memo:
+        return list(memo[key])
     base_text, base_ids = (
         (boundary.suffix, boundary.suffix_ids) if boundary else (prompt_text, tuple(prompt_ids))
     )
@@ -120,6 +145,8 @@ def label_token_ids(
         if token is None or token in ids:
             raise DecisionError(400, label_not_single_token(label))
         ids.append(token)
+    if key is not None:
+        _remember(memo, key, tuple(ids))
     return ids
 
 
