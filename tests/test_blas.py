@@ -1,5 +1,6 @@
 """The tuned BLAS swama preloads on a Linux CPU: the system OpenBLAS, MKL from its wheel for users
-without root, and the note a user on MLX's bundled reference BLAS gets at start."""
+without root, and the note a user on MLX's bundled reference BLAS gets at start. A server that
+computes on a GPU needs none of it: it neither restarts to preload a BLAS nor prints the note."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import TINY_ID, make_store
+from precision import ON_GPU
 
 from live_server import LiveServer, start_server
 from swama.engine import runtime
@@ -61,6 +63,15 @@ def _serve(store: Path, choice: str, **extra: str) -> Iterator[LiveServer]:
         server.stop()
 
 
+def _assert_no_blas_work(server: LiveServer) -> None:
+    """On a GPU (which the servers here choose as this process did, from the same environment) the
+    BLAS serves nothing the model computes: no restart with a preload, no MKL mapped, no note."""
+    environ = Path(f"/proc/{server.process.pid}/environ").read_bytes().split(b"\0")
+    assert f"{runtime.REEXEC_MARK}=1".encode() not in environ
+    assert "libmkl_rt" not in _mapped(server)
+    assert "bundled reference BLAS" not in server.log.read_text(errors="replace")
+
+
 def _reply(server: LiveServer) -> str:
     r = httpx.post(server.v1 + "/chat/completions", timeout=120, json={
         "model": TINY_ID, "messages": [{"role": "user", "content": "Say something."}],
@@ -76,7 +87,9 @@ def test_a_server_without_system_openblas_preloads_mkl_and_answers_alike(store: 
         with _serve(store, choice) as server:
             mapped = _mapped(server)
             log = server.log.read_text(errors="replace")
-            if choice == "mkl":
+            if ON_GPU:
+                _assert_no_blas_work(server)
+            elif choice == "mkl":
                 assert "libmkl_rt" in mapped and "libopenblas" not in mapped
                 assert "bundled reference BLAS" not in log
             else:
@@ -92,13 +105,19 @@ def test_the_system_openblas_is_preferred_when_present(store: Path) -> None:
     if runtime.system_openblas() is None:
         pytest.skip("no system OpenBLAS here")
     with _serve(store, "auto") as server:
-        assert "libopenblas" in _mapped(server)
-        assert "bundled reference BLAS" not in server.log.read_text(errors="replace")
+        if ON_GPU:
+            _assert_no_blas_work(server)
+        else:
+            assert "libopenblas" in _mapped(server)
+            assert "bundled reference BLAS" not in server.log.read_text(errors="replace")
         assert _reply(server)
 
 
 def test_swama_openblas_0_keeps_the_process_as_started(store: Path) -> None:
     with _serve(store, "auto", SWAMA_OPENBLAS="0") as server:
+        if ON_GPU:
+            _assert_no_blas_work(server)
+            return
         mapped = _mapped(server)
         assert "libmkl_rt" not in mapped and "libopenblas" not in mapped
         assert server.log.read_text(errors="replace").count("bundled reference BLAS") == 1

@@ -129,7 +129,9 @@ def wheel_server(venv: Path, smollm2_wheel_dir: Path, tmp_path_factory: pytest.T
     root = tmp_path_factory.mktemp("wheel-store")
     port = free_port()
     log = root / "serve.log"
-    env = _clean_env(SWAMA_MODELS=str(root / "models"), SWAMA_WHEEL_DIR=str(smollm2_wheel_dir))
+    # This environment holds MLX's CPU build only: a GPU asked for by this process's environment
+    # (SWAMA_DEVICE=gpu, SWAMA_BACKEND=cuda) is not there to be had.
+    env = _clean_env(SWAMA_MODELS=str(root / "models"), SWAMA_WHEEL_DIR=str(smollm2_wheel_dir), SWAMA_DEVICE="cpu")
     with log.open("wb") as handle:
         proc = subprocess.Popen([str(venv / "swama"), "serve", "smollm2", "--port", str(port),
                                  "--log-level", "warning"], cwd=root, env=env, stdout=handle,

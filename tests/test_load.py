@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import TINY_ID, make_store
+from precision import ON_GPU
 
 from live_server import LiveServer, start_server
 
@@ -143,7 +144,10 @@ def test_concurrent_clients_that_hang_up_leave_no_trace(server: LiveServer, clie
     mlx_growth = (_mlx_active(server) - mlx_baseline) / 2**20
     print(f"{clients} clients: {dict(outcomes)} in {elapsed:.1f} s, resident memory {baseline:.0f} MiB "
           f"+{growth:.0f} MiB, MLX arrays +{mlx_growth:.1f} MiB")
-    assert growth < 128, f"memory grew by {growth:.0f} MiB"
+    # On a GPU the process's resident memory also grows by what the CUDA driver maps on first use
+    # (kernels loaded for each new shape, pinned staging buffers): 220-300 MiB measured on an H200
+    # after 8 and 32 clients, while the MLX arrays (the bound below) stayed within 2 MiB.
+    assert growth < (512 if ON_GPU else 128), f"memory grew by {growth:.0f} MiB"
     # Live arrays: at most what the prompt cache may keep (16 MiB), plus a little.
     assert mlx_growth < 24, f"MLX arrays grew by {mlx_growth:.1f} MiB"
     assert "Traceback" not in server.log.read_text(errors="replace")

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+from precision import BF16_TINY_PROBABILITY, tol
 
 from swama.engine.decide import DecisionJob, DecisionRun
 from swama.engine.errors import EngineError
@@ -17,7 +18,10 @@ from swama.engine.model import LoadedModel, load_model
 from swama.engine.model_kinds import VISION
 from swama.engine.scorer import DecisionError, decision_choice_view, decision_score_view, predicate_view
 
-BOUND = 1e-4
+# bf16: one shared encoding and prefix against one per question round the tiny models' logits
+# (steps of 0.0625 under 16) apart, by up to four steps on a log-odds; a probability moves by at
+# most a quarter of that.
+BOUND = tol(1e-4, BF16_TINY_PROBABILITY)
 ARCHS = ("qwen3_5_vl", "gemma3_vl")
 
 
