@@ -16,6 +16,14 @@ text goes through espeak-ng phonemes, not a tokenizer) and ships a voices file w
 the display-name aliases the real checkpoint's config carries. Its weights are scaled down, since
 unscaled random weights overflow in the vocoder and the audio comes out as NaN.
 
+Shaped architectures (`qwen3-0.6b`, `qwen3-4b`) are not tiny: they have the exact shapes of the real
+checkpoints (layers, widths, heads, the 151,936-token vocabulary), random bfloat16 weights and a
+config transformers loads as well as mlx-lm, for measuring speed at the sizes people serve. The
+donor's tokenizer covers only the first rows of the vocabulary; the embedding rows past it are zero,
+so (with tied embeddings) greedy decoding never picks a token that tokenizer cannot decode. They are
+written one tensor at a time, so building one takes little more memory than its largest tensor, and
+an existing folder with the same config is reused.
+
 Usage: python -m swama.tools.build_tiny_model DONOR_DIR DEST_DIR [--arch NAME]
        python -m swama.tools.build_tiny_model [DONOR_DIR] DEST_DIR --arch kitten_tts
 """
@@ -282,7 +290,46 @@ SENTENCE_TRANSFORMERS_MODULES = [
     {"idx": 4, "name": "4", "path": "4_Normalize", "type": "sentence_transformers.models.Normalize"},
 ]
 
-ARCHS = (*TINY_CONFIGS, *VISION_ARCHS, *EMBEDDING_ARCHS, *SPEECH_ARCHS)
+# The real shapes of released checkpoints (see the module docstring); bos/eos ids come from the donor.
+SHAPED_CONFIGS: dict[str, dict[str, Any]] = {
+    "qwen3-0.6b": {
+        "model_type": "qwen3",
+        "architectures": ["Qwen3ForCausalLM"],
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "max_position_embeddings": 40960,
+        "max_window_layers": 28,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "rope_scaling": None,
+        "tie_word_embeddings": True,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "torch_dtype": "bfloat16",
+    },
+}
+SHAPED_CONFIGS["qwen3-4b"] = {
+    **SHAPED_CONFIGS["qwen3-0.6b"],
+    "hidden_size": 2560,
+    "intermediate_size": 9728,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "max_window_layers": 36,
+}
+# Small enough that 36 random layers keep the logits finite and moderate in bfloat16.
+SHAPED_WEIGHT_STD = 0.02
+
+ARCHS = (*TINY_CONFIGS, *VISION_ARCHS, *EMBEDDING_ARCHS, *SPEECH_ARCHS, *SHAPED_CONFIGS)
 
 
 def build_tiny_model(donor_dir: Path | None, dest: Path, arch: str = "qwen3") -> Path:
@@ -303,6 +350,8 @@ def build_tiny_model(donor_dir: Path | None, dest: Path, arch: str = "qwen3") ->
         return _build_vision_model(donor_dir, dest, VISION_ARCHS[arch])
     if arch in EMBEDDING_ARCHS:
         return _build_embedding_model(donor_dir, dest, EMBEDDING_ARCHS[arch])
+    if arch in SHAPED_CONFIGS:
+        return _build_shaped_model(donor_dir, dest, arch)
 
     config = {**TINY_CONFIGS[arch], **_donor_token_ids(donor_dir)}
     model_cls, args_cls = _get_classes(config)
@@ -316,6 +365,87 @@ def build_tiny_model(donor_dir: Path | None, dest: Path, arch: str = "qwen3") ->
     for name in REQUIRED_DONOR_FILES + OPTIONAL_DONOR_FILES:
         if (donor_dir / name).is_file():
             shutil.copyfile(donor_dir / name, dest / name)
+    return dest
+
+
+def shaped_config(arch: str, donor_dir: Path | None = None) -> dict[str, Any]:
+    """The config.json of a shaped architecture: its real shape, with the donor's bos/eos ids (and
+    the size of its tokenizer's vocabulary, as `tokenizer_vocab_size`) when a donor is given."""
+    config = dict(SHAPED_CONFIGS[arch])
+    if donor_dir is not None:
+        ids = _donor_token_ids(Path(donor_dir))
+        config["tokenizer_vocab_size"] = min(ids.pop("vocab_size"), config["vocab_size"])
+        config.update(ids)
+    return config
+
+
+def parameter_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Every parameter's name and shape, from mlx-lm's model class; MLX arrays are lazy, so nothing
+    is allocated."""
+    model_cls, args_cls = _get_classes(config)
+    model = model_cls(args_cls.from_dict(config))
+    return {name: tuple(value.shape) for name, value in tree_flatten(model.parameters())}
+
+
+def parameter_count(config: dict[str, Any], embeddings: bool = True) -> int:
+    """Parameters of the model `config` describes; without the embedding table when `embeddings`
+    is false (with tied embeddings that also leaves out the output head, which shares it)."""
+    total = 0
+    for name, shape in parameter_shapes(config).items():
+        if embeddings or "embed_tokens" not in name:
+            n = 1
+            for d in shape:
+                n *= d
+            total += n
+    return total
+
+
+def write_random_safetensors(path: Path, shapes: dict[str, tuple[int, ...]], std: float = SHAPED_WEIGHT_STD,
+                             live_rows: dict[str, int] | None = None, seed: int = 0) -> None:
+    """A bfloat16 safetensors file of `shapes`, written one tensor at a time: vectors (norm scales)
+    are ones, matrices random normal with `std`. A matrix named in `live_rows` keeps only that many
+    random rows; the rest are zero."""
+    import numpy as np
+
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, shape in shapes.items():
+        size = 2 * int(np.prod(shape))
+        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # the tensor data starts 8-byte aligned
+    key = mx.random.key(seed)
+    with Path(path).open("wb") as f:
+        f.write(len(encoded).to_bytes(8, "little"))
+        f.write(encoded)
+        for name, shape in shapes.items():
+            if len(shape) == 1:
+                value = mx.ones(shape, dtype=mx.bfloat16)
+            else:
+                key, sub = mx.random.split(key)
+                value = mx.random.normal(shape, dtype=mx.bfloat16, scale=std, key=sub)
+                rows = (live_rows or {}).get(name)
+                if rows is not None and rows < shape[0]:
+                    value = mx.concatenate([value[:rows], mx.zeros((shape[0] - rows, *shape[1:]), mx.bfloat16)])
+            f.write(np.array(mx.view(value, mx.uint16)).tobytes())
+            del value
+
+
+def _build_shaped_model(donor_dir: Path, dest: Path, arch: str) -> Path:
+    config = shaped_config(arch, donor_dir)
+    text = json.dumps(config, indent=2) + "\n"
+    config_path = dest / "config.json"
+    if (dest / "model.safetensors").is_file() and config_path.is_file() and config_path.read_text() == text:
+        return dest
+    dest.mkdir(parents=True, exist_ok=True)
+    config_path.unlink(missing_ok=True)  # written last: a folder with a config is complete
+    live = {"model.embed_tokens.weight": config["tokenizer_vocab_size"]} if config["tie_word_embeddings"] else {}
+    write_random_safetensors(dest / "model.safetensors", parameter_shapes(config), live_rows=live)
+    for name in REQUIRED_DONOR_FILES + OPTIONAL_DONOR_FILES:
+        if (donor_dir / name).is_file():
+            shutil.copyfile(donor_dir / name, dest / name)
+    config_path.write_text(text, encoding="utf-8")
     return dest
 
 

