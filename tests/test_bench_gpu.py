@@ -6,9 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from precision import BF16_TINY_PROBABILITY, tol
+from precision import BF16_TINY_PROBABILITY, DTYPE_NAME, tol
 
-from swama.engine.runtime import on_gpu
 from swama.tools import bench_gpu
 from swama.tools.bench_common import write_section
 from swama.tools.bench_decisions import AGREEMENT_BOUND
@@ -78,8 +77,7 @@ def test_tiny_parts_make_their_tables(smollm2_dir: Path, tmp_path: Path) -> None
     write_section(md, bench_gpu.TITLE, bench_gpu.report(results))
     text = md.read_text()
     assert f"## {bench_gpu.TITLE}" in text
-    matmul_dtype = "bfloat16" if on_gpu() else "float32"  # the ceiling is measured in the compute dtype
-    assert f"| MLX | {matmul_dtype} | 256x256x256 |" in text
+    assert f"| MLX | {DTYPE_NAME} | 256x256x256 |" in text  # the ceiling is measured in the compute dtype
     assert "| tiny Qwen3 | 256 | swama, 64-token chunks |" in text
     assert "| swama, suffixes in one batched pass (`score_batch`) |" in text
     assert "not measured: could not start" in text
