@@ -20,6 +20,8 @@ from swama.generated.routes import OPERATIONS, router
 from swama.handlers.errors import ApiError, error_body
 from swama.handlers.observability import AccessMiddleware, Metrics
 from swama.handlers.settings import Settings
+from swama.handlers.systemone import default_model_of
+from swama.handlers.ui import mount_playground
 from swama.handlers.version import package_version
 
 SPEC_FILES = ("openai.yaml", "decisions.yaml", "systemone.yaml", "workers_ai.yaml")
@@ -103,9 +105,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def health() -> JSONResponse:
         from swama.engine.runtime import loaded_blas
 
+        default = default_model_of(settings, engine.store)
         return JSONResponse({"status": "ok", "version": package_version(), "models_loaded": engine.pool.loaded(),
+                             "default_model": default.id if default else None,
                              "running": engine.pool.running(), "waiting": engine.pool.waiting(),
                              "blas": loaded_blas() or "bundled"})
+
+    if settings.ui:
+        mount_playground(app)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -54,6 +54,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         settings.decision_prefix_reuse = False
     if args.no_batching:
         settings.batching = False
+    if args.no_ui:
+        settings.ui = False
     settings.default_model = args.model
     settings.clef_model = args.clef_model
     for name in filter(None, (args.model, args.clef_model)):
@@ -73,6 +75,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     app = create_app(settings)
     print(f"swama listening on http://{settings.host}:{settings.port}  (models: {settings.models_root})",
           file=sys.stderr)
+    if settings.ui:
+        print(f"playground: open http://{settings.host}:{settings.port}/ in a browser (--no-ui turns it off)",
+              file=sys.stderr)
     # swama writes its own access line per request (with the request id), so uvicorn's is off.
     logging.getLogger("swama.access").setLevel(args.log_level.upper())
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level,
@@ -221,6 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--memory-limit", type=int, default=None, metavar="BYTES",
                        help="memory all loaded models may take; a load past it evicts idle models first and "
                             "otherwise gets 503 (default: what the system has available; env SWAMA_MEMORY_LIMIT)")
+    serve.add_argument("--no-ui", action="store_true",
+                       help="do not serve the browser playground at / and /ui/ (env SWAMA_UI=0); the API is "
+                            "unchanged")
     serve.add_argument("--no-batching", action="store_true",
                        help="serve one request at a time per model, in arrival order (env SWAMA_BATCHING=0)")
     serve.add_argument("--no-decision-prefix-cache", action="store_true",

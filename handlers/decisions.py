@@ -10,8 +10,10 @@ from swama.engine.scorer import DecisionError
 from swama.generated.decisions_models import DecisionCreateRequest
 from swama.handlers.decisions_wire import (
     DECISION_RULES,
+    LABEL_MASS_HEADER,
     check_questions,
     input_of,
+    label_masses,
     question_view,
     questions_of,
     render_decision_response,
@@ -38,5 +40,7 @@ async def create_decision(call: Call, request: DecisionCreateRequest) -> Respons
     async for result in collect_or_cancel(call.request, call.engine.decide(model.id, job)):
         body = render_decision_response(request.model, list(zip(questions, result.answers, strict=True)),
                                         result.input_tokens)
-        return Response(body, media_type="application/json")
+        # Outside the wire body (which follows the OpenAI shape exactly): each answer's label mass,
+        # the labels' probability against the whole vocabulary, for the playground and the curious.
+        return Response(body, media_type="application/json", headers={LABEL_MASS_HEADER: label_masses(result.answers)})
     raise ApiError(499, "The client closed the request.", code="cancelled")

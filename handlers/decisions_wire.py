@@ -331,6 +331,14 @@ def _answer_json(question: Question, answer: ScoredAnswer) -> dict[str, Any]:
     }
 
 
+LABEL_MASS_HEADER = "X-Swama-Label-Mass"
+
+
+def label_masses(answers: Sequence[ScoredAnswer]) -> str:
+    """Comma-separated label masses in answer order ("null" where the model reports none)."""
+    return ",".join("null" if a.mass is None else repr(float(a.mass)) for a in answers)
+
+
 def render_decision_response(
     model: str, answers: Sequence[tuple[Question, ScoredAnswer]], input_tokens: int
 ) -> bytes:

@@ -46,6 +46,8 @@ class Settings:
     # idle models first, else answer 503.
     memory_limit: int | None = field(
         default_factory=lambda: int(os.environ["SWAMA_MEMORY_LIMIT"]) if os.environ.get("SWAMA_MEMORY_LIMIT") else None)
+    # The browser playground at / and /ui/ (--no-ui or SWAMA_UI=0: off, those paths answer 404).
+    ui: bool = field(default_factory=lambda: os.environ.get("SWAMA_UI", "1") != "0")
     idle_seconds: float = field(default_factory=lambda: float(os.environ.get("SWAMA_IDLE_SECONDS", 300)))
     # Decisions share one prefill of the common prefix across questions; off = a fresh cache each.
     decision_prefix_reuse: bool = field(

@@ -11,11 +11,12 @@ from swama.engine.decide import DecisionJob
 from swama.engine.errors import EngineError
 from swama.engine.model_kinds import DECISION
 from swama.engine.scorer import render_text
-from swama.engine.store import InstalledModel
+from swama.engine.store import InstalledModel, ModelStore
 from swama.generated.systemone_models import SystemOneRequest
 from swama.handlers.dispatch import Call, route
 from swama.handlers.errors import ApiError
 from swama.handlers.images import open_images
+from swama.handlers.settings import Settings
 from swama.handlers.streaming import collect_or_cancel
 from swama.handlers.systemone_wire import (
     SYSTEMONE_RULES,
@@ -31,13 +32,18 @@ from swama.handlers.systemone_wire import (
 SDK_DEFAULT_MODELS = {"jev-latest"}
 
 
-def server_default_model(call: Call) -> InstalledModel | None:
-    """What System One's default names mean here: the model `swama serve` was started with, else the
-    offline default model when it is installed."""
-    for candidate in (call.settings.default_model, "smollm2"):
-        if candidate and (default := call.engine.store.find(candidate)) is not None:
+def default_model_of(settings: Settings, store: ModelStore) -> InstalledModel | None:
+    """The server's default model: the one `swama serve` was started with, else the offline default
+    model when it is installed."""
+    for candidate in (settings.default_model, "smollm2"):
+        if candidate and (default := store.find(candidate)) is not None:
             return default
     return None
+
+
+def server_default_model(call: Call) -> InstalledModel | None:
+    """What System One's default names mean here (see default_model_of)."""
+    return default_model_of(call.settings, call.engine.store)
 
 
 def answering_model(call: Call, name: str) -> InstalledModel:

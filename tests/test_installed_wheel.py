@@ -40,6 +40,8 @@ def _source_files() -> set[str]:
     for pattern in RUNTIME_DATA:
         for path in (REPO / "specs").rglob(pattern):
             wanted.add(f"swama/{path.relative_to(REPO).as_posix()}")
+    for path in (REPO / "handlers" / "ui_assets").iterdir():  # the playground's page, script and style
+        wanted.add(f"swama/{path.relative_to(REPO).as_posix()}")
     return wanted
 
 
@@ -177,3 +179,6 @@ def test_installed_server_answers_chat_and_decisions(wheel_server: str) -> None:
     assert 0.0 <= predicate.probability <= 1.0
     assert abs(sum(p.probability for p in choice.probabilities) - 1.0) < 1e-5
     assert choice.choice in {"billing", "technical", "sales"}
+    # The playground comes from the installed package's data.
+    for path in ("/", "/ui/playground.js", "/ui/playground.css"):
+        assert httpx.get(wheel_server + path, timeout=30).status_code == 200, path

@@ -13,16 +13,18 @@ VENV=${SWAMA_VENV:-.venv}
 system_packages() {
     # MLX's Linux CPU wheel ships a slow reference BLAS; swama preloads the system OpenBLAS when present.
     # espeak-ng turns text into phonemes for the espeak-based speech models (and speaks the test clips).
+    # The tests also want Chromium, which Playwright drives for the playground's browser tests.
     [ "$(uname -s)" = Linux ] || return 0
     local missing=()
     ls /usr/lib/*/openblas-pthread/libopenblas.so.0 >/dev/null 2>&1 || missing+=(libopenblas0-pthread)
     command -v espeak-ng >/dev/null || missing+=(espeak-ng)
+    [ "${1:-}" != test ] || command -v chromium >/dev/null || missing+=(chromium)
     [ ${#missing[@]} -gt 0 ] || return 0
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         (apt-get update -qq && apt-get install -y -qq "${missing[@]}") >/dev/null 2>&1 \
-            || echo "note: could not install ${missing[*]}; CPU inference is slower and speech models need espeak-ng" >&2
+            || echo "note: could not install ${missing[*]}; CPU inference is slower without OpenBLAS, speech models need espeak-ng and the browser tests chromium" >&2
     else
-        echo "note: install ${missing[*]} (Debian/Ubuntu package names) for fast CPU inference and speech" >&2
+        echo "note: install ${missing[*]} (Debian/Ubuntu package names) for fast CPU inference, speech and the browser tests" >&2
     fi
 }
 
@@ -40,7 +42,7 @@ backend() {
 }
 
 install() {
-    system_packages
+    system_packages "${1:-}"
     if [ ! -x "$VENV/bin/python" ]; then
         "$PY" -m venv "$VENV"
     fi
@@ -56,7 +58,7 @@ BACKEND=$(backend)
 
 case "${1:-}" in
     test)
-        install
+        install test
         "$VENV/bin/python" -m swama.tools.specs check
         "$VENV/bin/ruff" check engine handlers tools tests
         # In-process model tests get the same OpenBLAS preload the server gives itself (CPU backend).
