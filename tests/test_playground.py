@@ -354,6 +354,24 @@ def test_the_key_is_entered_once_and_sent_as_a_bearer_token(browser, key_server:
     assert with_images["response"]["usage"]["input_tokens"] > text_only.json()["usage"]["input_tokens"]
     shot(page, "vision")
 
+    # Chat with an image on the vision model: the picture goes as an image_url part and the reply streams.
+    page.click(".tab[data-tab=chat]")
+    page.select_option("#c-model", QWEN_VL)
+    assert page.is_visible("#c-drop")
+    page.set_input_files("#c-files", [{"name": "red.png", "mimeType": "image/png", "buffer": _png((255, 0, 0))}])
+    page.fill("#c-max", "8")
+    page.fill("#c-input", "What colour is this?")
+    with page.expect_request(lambda r: r.url.endswith("/v1/chat/completions")) as sent:
+        page.press("#c-input", "Enter")
+    page.wait_for_function("() => !document.querySelector('#c-send').disabled && document.querySelectorAll('.msg').length == 2",
+                           timeout=120_000)
+    assert page.is_hidden("#c-error"), page.inner_text("#c-error")
+    content = json.loads(sent.value.post_data)["messages"][-1]["content"]
+    assert [p["type"] for p in content] == ["text", "image_url"]
+    assert page.locator(".msg.user img").count() == 1 and page.locator("#c-thumbs img").count() == 0
+    assert re.match(r"\d+ tokens", page.inner_text("#c-stats"))
+    page.click(".tab[data-tab=decisions]")
+
     # Entered once: a new visit finds the key in the browser's storage.
     page.reload()
     wait_for_model(page)
