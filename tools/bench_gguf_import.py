@@ -94,7 +94,14 @@ def report(gguf: Path, rows: list[tuple[str, dict[str, float]]]) -> str:
         [[label, f"{r['seconds']:.1f}", f"{r['rss_start_kib'] / 1024:.0f}", f"{r['rss_peak_kib'] / 1024:.0f}",
           f"{(r['rss_peak_kib'] - r['rss_start_kib']) / 1024:.0f}", f"{r['bytes'] / mib:.0f}"] for label, r in rows])
     return (f"Measured {today()} by `python -m swama.tools.bench_gguf_import`: {gguf.name} "
-            f"({gguf.stat().st_size / mib:.0f} MiB), each conversion alone in a fresh process.\n\n{table}\n")
+            f"({gguf.stat().st_size / mib:.0f} MiB), each conversion alone in a fresh process.\n\n{table}\n"
+            "The old importer held the whole model twice: MLX's loader decoded every tensor, then all of "
+            "them were written at once. Now tensors are decoded in blocks of rows and written as they "
+            "come (whole tensors only where Q/K rows are un-permuted or MLX re-quantizes), so the peak "
+            "stays below the output's size; most of what remains is the gguf reader's parse of the "
+            "vocabulary. The import is slower: that reader builds a numpy view per vocabulary string "
+            "and decodes in numpy, where the old importer left decoding to MLX's C++ loader, which "
+            "knew only F32, F16, Q4_0, Q4_1 and Q8_0.\n")
 
 
 def main(argv: list[str] | None = None) -> int:
