@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import mlx.core as mx
 import pytest
 from conftest import TINY_ID, make_store
 
@@ -35,7 +36,11 @@ def test_the_estimate_counts_weights_at_the_dtype_they_are_computed_in(smollm2_d
     stored = sum(p.stat().st_size for p in smollm2_dir.glob("*.safetensors"))
     as_stored, as_float32 = model_bytes(smollm2_dir, None), model_bytes(smollm2_dir, 4)
     assert 0.99 * stored < as_stored <= stored  # the header is all that is not counted
-    assert abs(as_float32 - 2 * as_stored) < 0.01 * as_stored  # float16 weights, cast to float32
+    # The folder holds one floating dtype (float32 on the CPU, bfloat16 on a GPU); cast to float32,
+    # each weight takes 4 bytes.
+    [dtype] = {w.dtype for w in mx.load(str(next(smollm2_dir.glob("*.safetensors")))).values()}
+    assert abs(as_float32 - 4 / dtype.size * as_stored) < 0.01 * as_stored
+    assert model_bytes(smollm2_dir, 2) == pytest.approx(2 / dtype.size * as_stored, rel=0.01)
 
 
 def test_a_load_that_does_not_fit_evicts_idle_models_first(store_root: Path, tiny_model_dir: Path) -> None:
