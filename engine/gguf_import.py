@@ -35,6 +35,7 @@ from swama.engine.safetensors_stream import SafetensorsStream, TensorPlan
 __all__ = ["GGUFImportError", "ImportOptions", "ImportSummary", "import_gguf", "read_gguf"]
 
 QUANTIZE_BITS = (4, 8)
+NOT_WEIGHTS = ("I8", "I16", "I32", "I64", "F64")  # integer and float64 tensors hold no model weights
 GROUP_SIZE = 64  # MLX's default group for affine quantization, as mlx_lm.convert uses
 
 
@@ -112,15 +113,14 @@ def can_dequantize(qtype: GGMLQuantizationType) -> bool:
 
 
 def supported_types() -> list[str]:
-    return [t.name for t in GGMLQuantizationType if t.name not in ("I8", "I16", "I32", "I64", "F64")
-            and can_dequantize(t)]
+    return [t.name for t in GGMLQuantizationType if t.name not in NOT_WEIGHTS and can_dequantize(t)]
 
 
 def check_tensor_types(gguf: GGUFFile) -> None:
     """Refuse tensor types that cannot be decoded, naming them and their tensors."""
     unsupported: dict[str, list[str]] = {}
     for t in gguf.tensors:
-        if t.tensor_type.name in ("I8", "I16", "I32", "I64", "F64") or not can_dequantize(t.tensor_type):
+        if t.tensor_type.name in NOT_WEIGHTS or not can_dequantize(t.tensor_type):
             unsupported.setdefault(t.tensor_type.name, []).append(t.name)
     if not unsupported:
         return
