@@ -4,6 +4,7 @@ conversations keep theirs, the byte budget evicts the least recently used, and a
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -141,3 +142,56 @@ def test_usage_reports_the_cached_tokens_on_chat_and_responses(server: LiveServe
             {"role": "assistant", "content": first["choices"][0]["message"]["content"]},
             {"role": "user", "content": "Again."}]}).json()
     assert r["usage"]["input_tokens_details"]["cached_tokens"] >= first["usage"]["prompt_tokens"]
+
+
+# The shape of a Codex CLI turn: long shared instructions and tools, then the session's own messages.
+CODEX_INSTRUCTIONS = "You are Codex, a coding agent working in the user's repository.\n" + "\n".join(
+    f"Rule {i}: read file number {i} before changing it, and say which test covers the change." for i in range(60))
+CODEX_TOOLS = [{"type": "function", "name": name, "description": f"Run {name}.", "strict": False,
+                "parameters": {"type": "object", "properties": {"arg": {"type": "string"}}, "required": ["arg"],
+                               "additionalProperties": False}}
+               for name in ("exec_command", "write_stdin", "view_image")]
+
+
+def _codex_turn(server: LiveServer, items: list[dict]) -> tuple[dict, list[dict]]:
+    """One streamed Codex-style turn: its usage and the items that answered it."""
+    body = {"model": "smollm2", "instructions": CODEX_INSTRUCTIONS, "input": items, "tools": CODEX_TOOLS,
+            "tool_choice": "auto", "store": False, "stream": True, "max_output_tokens": 8, "temperature": 0}
+    final = None
+    with httpx.stream("POST", server.v1 + "/responses", json=body, timeout=300) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            event = json.loads(line[6:]) if line.startswith("data: ") else {}
+            if event.get("type") in ("response.completed", "response.incomplete"):  # 8 tokens may cut it short
+                final = event["response"]
+    assert final is not None
+    return final["usage"], [item for item in final["output"] if item["type"] == "message"]
+
+
+def _hit_tokens(server: LiveServer) -> float:
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("swama_prompt_cache_hit_tokens_total{"))
+
+
+def test_two_codex_sessions_interleaved_on_one_model_both_hit_the_cache(server: LiveServer) -> None:
+    """Session A's turn, session B's, then each one's next turn: every later turn resumes from its own
+    session's entry (B's first turn from the shared instructions A left), through the batch scheduler."""
+    sessions = {name: [{"type": "message", "role": "user",
+                        "content": [{"type": "input_text", "text": f"Fix the failing test in module {name}."}]}]
+                for name in ("alpha", "beta")}
+    before = _hit_tokens(server)
+    first: dict[str, dict] = {}
+    for name, items in sessions.items():
+        first[name], output = _codex_turn(server, items)
+        items += output + [{"type": "message", "role": "user",
+                            "content": [{"type": "input_text", "text": "Now run the tests."}]}]
+    shared = first["beta"]["input_tokens_details"]["cached_tokens"]
+    # B's first turn reused the instructions and tools A had read, not A's own message.
+    assert shared > 600 and shared < first["beta"]["input_tokens"] - 5, first
+    later = {name: _codex_turn(server, items)[0] for name, items in sessions.items()}
+    for name in sessions:  # A's second turn ran after B's first, and still found A's whole first turn
+        assert later[name]["input_tokens_details"]["cached_tokens"] >= first[name]["input_tokens"], (name, later)
+    reused = shared + sum(u["input_tokens_details"]["cached_tokens"] for u in later.values())
+    reused += first["alpha"]["input_tokens_details"]["cached_tokens"]
+    assert _hit_tokens(server) - before == reused
