@@ -1,5 +1,5 @@
-"""The tuned BLAS swama preloads on a Linux CPU: the system OpenBLAS, MKL from its wheel for users
-without root, and the note a user on MLX's bundled reference BLAS gets at start. A server that
+"""The tuned BLAS swama preloads on a Linux CPU: MKL from its wheel when installed (no root needed),
+else the system OpenBLAS, and the note a user on MLX's bundled reference BLAS gets at start. A server that
 computes on a GPU needs none of it: it neither restarts to preload a BLAS nor prints the note."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def test_the_choice_follows_swama_blas(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SWAMA_BLAS", "openblas")
     assert runtime.fast_blas() == runtime.system_openblas()
     monkeypatch.setenv("SWAMA_BLAS", "auto")
-    assert runtime.fast_blas() == (runtime.system_openblas() or runtime.pip_mkl())
+    assert runtime.fast_blas() == (runtime.pip_mkl() or runtime.system_openblas())
 
 
 @needs_mkl
@@ -101,14 +101,18 @@ def test_a_server_without_system_openblas_preloads_mkl_and_answers_alike(store: 
     assert replies["mkl"] == replies["bundled"]
 
 
-def test_the_system_openblas_is_preferred_when_present(store: Path) -> None:
+@pytest.mark.parametrize("choice", ["auto", "openblas"])
+def test_auto_prefers_mkl_and_openblas_can_be_asked_for(store: Path, choice: str) -> None:
+    """auto: MKL's wheel when installed (faster decode steps), else the system OpenBLAS."""
     if runtime.system_openblas() is None:
         pytest.skip("no system OpenBLAS here")
-    with _serve(store, "auto") as server:
+    with _serve(store, choice) as server:
         if ON_GPU:
             _assert_no_blas_work(server)
         else:
-            assert "libopenblas" in _mapped(server)
+            mapped = _mapped(server)
+            mkl = choice == "auto" and runtime.pip_mkl() is not None
+            assert ("libmkl_rt" in mapped) == mkl and ("libopenblas" in mapped) == (not mkl)
             assert "bundled reference BLAS" not in server.log.read_text(errors="replace")
         assert _reply(server)
 

@@ -3,8 +3,9 @@
     python -m swama.tools.bench_blas [--write docs/benchmarks.md]
 
 Each BLAS is preloaded into a fresh child process the way swama preloads it (LD_PRELOAD plus what
-the library needs), which then measures a float32 1024x1024 matmul and greedy decoding of the
-SmolLM2 test model (when the test cache holds it). Linux only.
+the library needs), which then measures a float32 1024x1024 matmul and, on the SmolLM2 test model
+(when the test cache holds it), greedy decoding of one stream, decode steps of 8 rows at once (what
+8 concurrent clients cost) and a 512-token prefill. Linux only.
 """
 
 from __future__ import annotations
@@ -36,10 +37,11 @@ for _ in range(3): mx.eval(a @ b)
 n = 10; start = time.perf_counter()
 for _ in range(n): mx.eval(a @ b)
 gflops = 2 * 1024 ** 3 / ((time.perf_counter() - start) / n) / 1e9
-tok_s = None
+tok_s = batch_tok_s = prefill_tok_s = None
 if sys.argv[1]:
     from mlx_lm import load
     from mlx_lm.generate import generate_step
+    from mlx_lm.models.cache import make_prompt_cache
     model, tok = load(sys.argv[1]); model.set_dtype(mx.float32)
     ids = mx.array(tok.encode("Tell me about the sea."))
     for _, (t, _) in zip(range(4), generate_step(ids, model)): pass
@@ -47,7 +49,20 @@ if sys.argv[1]:
     for count, (t, _) in enumerate(generate_step(ids, model), 1):
         if count == 32: break
     tok_s = count / (time.perf_counter() - start)
-print(json.dumps({"blas": loaded_blas(), "gflops": gflops, "tok_s": tok_s}))
+    cache = make_prompt_cache(model)
+    mx.eval(model(mx.array([list(range(100, 164))] * 8), cache=cache))
+    step = mx.array([[7]] * 8)
+    for _ in range(3): mx.eval(model(step, cache=cache))
+    start = time.perf_counter()
+    for _ in range(16): mx.eval(model(step, cache=cache))
+    batch_tok_s = 8 * 16 / (time.perf_counter() - start)
+    prompt = mx.array([list(range(100, 612))]); best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter(); mx.eval(model(prompt, cache=make_prompt_cache(model))[:, -1])
+        best = min(best, time.perf_counter() - start)
+    prefill_tok_s = 512 / best
+print(json.dumps({"blas": loaded_blas(), "gflops": gflops, "tok_s": tok_s, "batch_tok_s": batch_tok_s,
+                  "prefill_tok_s": prefill_tok_s}))
 """
 
 
@@ -75,17 +90,17 @@ def main(argv: list[str] | None = None) -> None:
     rows, base = [], None
     for name, blas in choices.items():
         if name != "MLX's bundled BLAS" and blas is None:
-            rows.append([name, "not installed", "", ""])
+            rows.append([name, "not installed", "", "", "", ""])
             continue
         got = _measure(name, blas, model)
         base = base or got
-        tok = f"{got['tok_s']:.1f}" if got["tok_s"] else "n/a"
-        rows.append([name, f"{got['gflops']:.1f}", tok, f"{got['gflops'] / base['gflops']:.1f}x"])
-    table = markdown_table(["BLAS", "fp32 1024² matmul GFLOP/s", "SmolLM2 fp32 decode tok/s", "matmul vs bundled"],
-                           rows)
+        figures = [f"{got[key]:.1f}" if got[key] else "n/a" for key in ("tok_s", "batch_tok_s", "prefill_tok_s")]
+        rows.append([name, f"{got['gflops']:.1f}", *figures, f"{got['gflops'] / base['gflops']:.1f}x"])
+    table = markdown_table(["BLAS", "fp32 1024² matmul GFLOP/s", "SmolLM2 fp32 decode tok/s (1 row)",
+                            "decode tok/s (8 rows)", "prefill tok/s (512 tokens)", "matmul vs bundled"], rows)
     body = (f"Measured {today()} with `python -m swama.tools.bench_blas` ({os.cpu_count()} CPUs), each BLAS "
-            f"preloaded into a fresh process as swama does it. MKL's wheel is what swama preloads for a "
-            f"user without root and without the system OpenBLAS.\n\n{table}")
+            f"preloaded into a fresh process as swama does it. With `SWAMA_BLAS=auto` swama preloads MKL's "
+            f"wheel when it is installed, else the system OpenBLAS.\n\n{table}")
     publish(TITLE, body, args.write)
 
 
