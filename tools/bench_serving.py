@@ -2,13 +2,15 @@
 at a time and against mlx_lm.server, on the same model in float32 and the same machine, in one run.
 
     python -m swama.tools.bench_serving [--model-dir DIR] [--clients 1,4,8,16] [--requests N]
-                                        [--max-tokens N] [--write [docs/benchmarks.md]]
+                                        [--max-tokens N] [--rounds N] [--write [docs/benchmarks.md]]
 
 Each server runs alone, on loopback, warmed up with one request. At every client count the clients
 start together and each sends `--requests` streamed chat requests back to back (temperature 0, every
 request with its own first line, so no prompt cache can answer it). Reported per server and client
 count: aggregate throughput (completion tokens of all requests over the wall time from the first
-request sent to the last one finished) and the median time to the first content token.
+request sent to the last one finished) and the median time to the first content token. With
+`--rounds N` every server runs N times, in reversed order every other round; a figure is then the
+median of the rounds' throughputs, and the TTFT the median over all their requests.
 
 mlx_lm.server serves a float32 copy of the folder, the dtype swama computes in on a CPU.
 """
@@ -65,10 +67,19 @@ class Level:
     samples: list[Sample] = field(default_factory=list)
     wall: float = 0.0
     errors: list[str] = field(default_factory=list)
+    rounds: list[float] = field(default_factory=list)  # each round's throughput, once rounds are merged
 
     @property
     def tokens_per_second(self) -> float:
+        if self.rounds:
+            return statistics.median(self.rounds)
         return ratio(sum(s.completion_tokens for s in self.samples), self.wall)
+
+    @classmethod
+    def merged(cls, levels: list[Level]) -> Level:
+        """One level from the same client count measured in several rounds."""
+        return cls(levels[0].clients, [s for lv in levels for s in lv.samples], sum(lv.wall for lv in levels),
+                   [e for lv in levels for e in lv.errors], [lv.tokens_per_second for lv in levels])
 
     @property
     def median_ttft(self) -> float:
@@ -143,7 +154,9 @@ def report(labels: list[str], results: list[list[Level]], command: str, model_di
         f"{labels[0]}: `swama serve` (continuous batching, --batch-rows 16, --prefill-step 512); {labels[1]}: "
         f"`swama serve --no-batching` (one request at a time per model, as before batching); {labels[2]}: "
         "`mlx_lm.server` (its defaults: decode concurrency 32, prompt concurrency 8) on a float32 copy of the folder",
-        "servers run one at a time, with the same environment (OpenBLAS or MKL preloaded when present)",
+        "servers run one at a time, with the same environment and the same BLAS (named under Machine)"
+        + (f"; {args.rounds} rounds, the order of the servers reversed every other round: tok/s is the median "
+           "of the rounds, TTFT the median over all their requests" if args.rounds > 1 else ""),
         f"request errors: {errors}",
     ]
     return "\n\n".join([
@@ -164,9 +177,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=2, help="requests per client at each count (default 2)")
     parser.add_argument("--max-tokens", type=int, default=64, help="max_tokens of every request (default 64)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds allowed per request (default 900)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every server this many times, in alternating order (default 1)")
     parser.add_argument("--write", nargs="?", type=Path, const=BENCHMARKS_MD, default=None, metavar="MD",
                         help=f"write the results as a section of MD (default docs/{BENCHMARKS_MD.name})")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.requests < 1:
+        parser.error("--rounds and --requests must be at least 1")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,7 +204,13 @@ def main(argv: list[str] | None = None) -> int:
                    swama_target(store, compute, "swama one at a time", {"SWAMA_BATCHING": "0"}),
                    mlx_lm_target("mlx_lm.server", f32, "float32 (converted copy)")]
         load_before = load_average()
-        results = [run_target(t, args.clients, args.requests, args.max_tokens, args.timeout) for t in targets]
+        runs: list[list[list[Level]]] = [[] for _ in targets]
+        for r in range(args.rounds):
+            order = list(range(len(targets)))[:: -1 if r % 2 else 1]
+            for i in order:
+                runs[i].append(run_target(targets[i], args.clients, args.requests, args.max_tokens, args.timeout))
+        results = [[Level.merged([levels[c] for levels in per_round]) for c in range(len(args.clients))]
+                   for per_round in runs]
         load = f"{load_before} at the start, {load_average()} at the end"
     text = report([t.label for t in targets], results, command, model_dir, args, load)
     print("\n" + text)
