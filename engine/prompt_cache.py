@@ -1,11 +1,12 @@
 """A per-model prompt cache of several entries: a new request resumes from the entry sharing the
 longest token prefix with its prompt, so interleaved conversations each keep their own prefix.
 
-An entry is taken out while a generation extends it (one operation per model runs at a time) and
-put back with every token its cache holds. Entries are evicted least recently used first once
-their key/value arrays exceed the byte budget. Only caches that can be cut back to any prefix
-(plain attention key/value caches) take part; sliding-window and recurrent layers cannot be cut
-back, so models with them always prefill in full.
+An entry a prompt fully extends is taken out and handed to that request (a row of the batch), and
+comes back with every token its cache holds when the row finishes; a prompt that parts from an entry
+midway gets a sliced copy. So no two rows of a batch ever write the same arrays. Entries are
+evicted least recently used first once their key/value arrays exceed the byte budget. Only caches
+that can be cut back to any prefix (plain attention key/value caches) take part; sliding-window and
+recurrent layers cannot be cut back, so models with them always prefill in full.
 """
 
 from __future__ import annotations
