@@ -142,9 +142,9 @@ def temp_dir(prefix: str) -> tempfile.TemporaryDirectory[str]:
 
 
 def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """One environment for every server: a tuned BLAS (swama's own choice: MKL's wheel, else the system OpenBLAS) preloaded
-    explicitly when present, and swama's own re-exec turned off so that nothing differs between the
-    servers behind our back."""
+    """One environment for every server: a tuned BLAS (swama's own choice: MKL's wheel, else the system
+    OpenBLAS) preloaded explicitly when present, and swama's own re-exec turned off so that nothing
+    differs between the servers behind our back."""
     env = dict(os.environ)
     env.pop("LD_PRELOAD", None)
     blas = fast_blas()
