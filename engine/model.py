@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from swama.engine.model_kinds import (
+from swama.engine.kinds import (
     DECISION,
     EMBEDDING,
     LANGUAGE,
@@ -98,7 +98,7 @@ def load_vision_language_model(model_id: str, path: Path) -> LoadedModel:
     text is encoded, rendered and detokenized exactly as for a language model."""
     from mlx_lm.utils import load_tokenizer
 
-    from swama.engine.vision import VisionSupport, load_vision_model
+    from swama.engine.kinds.vision import VisionSupport, load_vision_model
 
     model, processor = load_vision_model(path)
     cast_for_device(model)
@@ -114,7 +114,7 @@ def load_decision_checkpoint(model_id: str, path: Path) -> LoadedModel:
     """A Clef or PPLX-Decider checkpoint through mlx-vlm; it answers only decisions."""
     from mlx_lm.utils import load_tokenizer
 
-    from swama.engine.checkpoints import load_checkpoint
+    from swama.engine.decisions.checkpoints import load_checkpoint
 
     checkpoint = load_checkpoint(path)
     cast_for_device(checkpoint.model)
@@ -132,15 +132,15 @@ def load_model(model_id: str, path: Path) -> LoadedModel:
     if kind == DECISION:
         return load_decision_checkpoint(model_id, path)
     if kind == EMBEDDING:
-        from swama.engine.embeddings import load_embedding_model
+        from swama.engine.kinds.embeddings import load_embedding_model
 
         return load_embedding_model(model_id, path)
     if kind == SPEECH_TO_TEXT:
-        from swama.engine.transcription import load_speech_to_text_model
+        from swama.engine.kinds.transcription import load_speech_to_text_model
 
         return load_speech_to_text_model(model_id, path)
     if kind == TEXT_TO_SPEECH:
-        from swama.engine.speech import load_text_to_speech_model
+        from swama.engine.kinds.speech import load_text_to_speech_model
 
         return load_text_to_speech_model(model_id, path)
     return load_language_model(model_id, path)

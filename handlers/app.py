@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from swama.engine.service import Engine, EngineOptions
+from swama.engine.serving.engine import Engine, EngineOptions
 from swama.generated.routes import OPERATIONS, router
 from swama.handlers.errors import ApiError, error_body
 from swama.handlers.observability import AccessMiddleware, Metrics

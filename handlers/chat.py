@@ -14,7 +14,7 @@ from fastapi.responses import StreamingResponse
 from pydantic_core import ErrorDetails
 
 from swama.engine.errors import EngineError
-from swama.engine.generator import OUT_OF_RANGE, ChatRequest, Finished, TextDelta, ToolCallEvent
+from swama.engine.text.generator import OUT_OF_RANGE, ChatRequest, Finished, TextDelta, ToolCallEvent
 from swama.generated.openai_models import ChatCompletionTool, CreateChatCompletionRequest
 from swama.handlers.chat_request import (
     Turn,

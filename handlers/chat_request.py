@@ -9,10 +9,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from swama.engine.generator import ChatRequest, Sampling
-from swama.engine.model_kinds import VISION
-from swama.engine.scorer import IMAGES_NEED_VISION
-from swama.engine.store import InstalledModel
+from swama.engine.decisions.scorer import IMAGES_NEED_VISION
+from swama.engine.files.store import InstalledModel
+from swama.engine.kinds import VISION
+from swama.engine.text.generator import ChatRequest, Sampling
 from swama.handlers.errors import ApiError
 from swama.handlers.images import ImageRef, load_images, open_images
 

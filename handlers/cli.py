@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 
-from swama.engine.generator import DEFAULT_TEMPERATURE
+from swama.engine.text.generator import DEFAULT_TEMPERATURE
 from swama.handlers.settings import DEFAULT_PORT, Settings
 from swama.handlers.version import package_version
 
@@ -59,8 +59,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings.default_model = args.model
     settings.clef_model = args.clef_model
     for name in filter(None, (args.model, args.clef_model)):
-        from swama.engine.sources import pull
-        from swama.engine.store import ModelStore
+        from swama.engine.files.sources import pull
+        from swama.engine.files.store import ModelStore
 
         store = ModelStore(settings.models_root)
         if store.find(name) is None:
@@ -86,13 +86,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _store(args: argparse.Namespace):
-    from swama.engine.store import ModelStore
+    from swama.engine.files.store import ModelStore
 
     return ModelStore(Settings().models_root)
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from swama.engine.sources import pull
+    from swama.engine.files.sources import pull
 
     pull(_store(args), args.model)
     return 0
@@ -103,8 +103,8 @@ def cmd_create(args: argparse.Namespace) -> int:
 
     import mlx.core as mx
 
-    from swama.engine.gguf_import import ImportOptions
-    from swama.engine.sources import create
+    from swama.engine.files.gguf_import import ImportOptions
+    from swama.engine.files.sources import create
 
     dtype = None if args.dtype in (None, "auto") else getattr(mx, args.dtype)
     options = ImportOptions(dtype=dtype, quantize_bits=args.quantize, progress=sys.stderr.isatty())
@@ -142,7 +142,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_aliases(args: argparse.Namespace) -> int:
     import json
 
-    from swama.engine.aliases import catalog
+    from swama.engine.files.aliases import catalog
 
     entries = [e for e in catalog() if args.kind is None or e.kind == args.kind]
     if args.format == "json":
@@ -384,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from swama.engine.errors import EngineError
-    from swama.engine.store import StoreError
+    from swama.engine.files.store import StoreError
 
     try:
         return args.func(args)

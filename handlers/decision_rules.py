@@ -11,7 +11,7 @@ from typing import Any
 
 import pydantic
 
-from swama.engine.scorer import QuestionKind, ScoredAnswer
+from swama.engine.decisions.scorer import QuestionKind, ScoredAnswer
 from swama.handlers.errors import ApiError
 
 MAX_QUESTIONS = 200

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import Response
 
-from swama.engine.decide import DecisionJob
-from swama.engine.model_kinds import DECISION
-from swama.engine.scorer import DecisionError
+from swama.engine.decisions.decide import DecisionJob
+from swama.engine.decisions.scorer import DecisionError
+from swama.engine.kinds import DECISION
 from swama.generated.decisions_models import DecisionCreateRequest
 from swama.handlers.decisions_wire import (
     DECISION_RULES,

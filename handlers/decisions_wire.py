@@ -9,7 +9,7 @@ from typing import Any
 
 import pydantic
 
-from swama.engine.scorer import (
+from swama.engine.decisions.scorer import (
     DecisionError,
     QuestionView,
     ScoredAnswer,

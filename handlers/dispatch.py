@@ -29,8 +29,8 @@ from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
+from swama.engine.decisions.scorer import DecisionError
 from swama.engine.errors import EngineError
-from swama.engine.scorer import DecisionError
 from swama.handlers.errors import ApiError, bad_request, error_body
 from swama.handlers.settings import Settings
 from swama.handlers.strict_json import StrictJSONError, parse_strict_json

@@ -5,8 +5,8 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from swama.engine import aliases
-from swama.engine.model_kinds import EMBEDDING
+from swama.engine.files import aliases
+from swama.engine.kinds import EMBEDDING
 from swama.generated.openai_models import CreateEmbeddingRequest
 from swama.handlers.dispatch import Call, RouteRules, route
 from swama.handlers.errors import bad_request

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from swama.engine.store import InstalledModel, list_installed
+from swama.engine.files.store import InstalledModel, list_installed
 from swama.handlers.dispatch import Call, route
 from swama.handlers.systemone import SDK_DEFAULT_MODELS, server_default_model
 

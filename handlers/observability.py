@@ -23,7 +23,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from swama.engine.generator import Finished
+from swama.engine.text.generator import Finished
 
 access_log = logging.getLogger("swama.access")
 REQUEST_ID = "x-request-id"

@@ -9,7 +9,7 @@ from fastapi import Response
 from fastapi.responses import StreamingResponse
 
 from swama.engine.errors import EngineError
-from swama.engine.generator import Finished
+from swama.engine.text.generator import Finished
 from swama.generated.openai_models import CreateResponse
 from swama.handlers.chat_request import attach_images
 from swama.handlers.dispatch import Call, route

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from swama.engine.generator import Event, Finished, TextDelta, ToolCallEvent
-from swama.engine.tool_calls import ToolCall
+from swama.engine.text.generator import Event, Finished, TextDelta, ToolCallEvent
+from swama.engine.text.tool_calls import ToolCall
 from swama.handlers.responses_rules import ResponseRequest
 
 Frame = tuple[str, dict[str, Any]]

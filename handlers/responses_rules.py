@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from swama.engine.generator import ChatRequest
+from swama.engine.text.generator import ChatRequest
 from swama.generated.openai_models import (
     CreateResponse,
     ResponsesRequestFunctionCallItem,

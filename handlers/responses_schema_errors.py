@@ -15,7 +15,7 @@ from typing import Any
 
 import pydantic
 
-from swama.engine.generator import OUT_OF_RANGE
+from swama.engine.text.generator import OUT_OF_RANGE
 from swama.handlers.errors import ApiError
 from swama.handlers.strict_json import StrictJSONError
 

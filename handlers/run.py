@@ -11,11 +11,11 @@ from pathlib import Path
 import httpx
 
 from swama.engine.errors import EngineError
-from swama.engine.generator import ChatRequest, Finished, Sampling, TextDelta
-from swama.engine.model_kinds import DECISION, EMBEDDING, SPEECH_TO_TEXT, TEXT_TO_SPEECH
-from swama.engine.service import Engine, EngineOptions
-from swama.engine.sources import pull
-from swama.engine.store import ModelStore
+from swama.engine.files.sources import pull
+from swama.engine.files.store import ModelStore
+from swama.engine.kinds import DECISION, EMBEDDING, SPEECH_TO_TEXT, TEXT_TO_SPEECH
+from swama.engine.serving.engine import Engine, EngineOptions
+from swama.engine.text.generator import ChatRequest, Finished, Sampling, TextDelta
 from swama.handlers.images import Image, ImageError, check_image, check_images, data_url, open_images
 from swama.handlers.settings import Settings
 

@@ -38,7 +38,7 @@ class Settings:
     # Continuous batching of chat and responses: rows decoded together per model, the prefill chunk
     # interleaved with decode steps, and off (one request at a time per model, in arrival order).
     batch_rows: int = field(default_factory=lambda: int(os.environ.get("SWAMA_BATCH_ROWS", 16)))
-    # None: the device's default (engine/scheduler.py default_prefill_step).
+    # None: the device's default (engine/serving/scheduler.py default_prefill_step).
     prefill_step: int | None = field(default_factory=lambda: int(os.environ["SWAMA_PREFILL_STEP"])
                                      if os.environ.get("SWAMA_PREFILL_STEP") else None)
     batching: bool = field(default_factory=lambda: os.environ.get("SWAMA_BATCHING", "1") != "0")

@@ -17,13 +17,13 @@ import pydantic
 from fastapi import Response
 from fastapi.responses import StreamingResponse
 
-from swama.engine.audio_encode import FORMATS, MEDIA_TYPES, Encoder
 from swama.engine.errors import EngineError
-from swama.engine.model_kinds import TEXT_TO_SPEECH
-from swama.engine.speech import NO_SPEECH, Segment, voices_of
+from swama.engine.kinds import TEXT_TO_SPEECH
+from swama.engine.kinds.speech import NO_SPEECH, Segment, voices_of
 from swama.generated.openai_models import CreateSpeechRequest
 from swama.handlers.dispatch import Call, RouteRules, route
 from swama.handlers.errors import ApiError, bad_request
+from swama.handlers.media.audio_encode import FORMATS, MEDIA_TYPES, Encoder
 from swama.handlers.streaming import collect_or_cancel
 from swama.handlers.validation import openai_schema_error, user_path
 

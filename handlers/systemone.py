@@ -7,11 +7,11 @@ from typing import Any
 
 from fastapi import Response
 
-from swama.engine.decide import DecisionJob
+from swama.engine.decisions.decide import DecisionJob
+from swama.engine.decisions.scorer import render_text
 from swama.engine.errors import EngineError
-from swama.engine.model_kinds import DECISION
-from swama.engine.scorer import render_text
-from swama.engine.store import InstalledModel, ModelStore
+from swama.engine.files.store import InstalledModel, ModelStore
+from swama.engine.kinds import DECISION
 from swama.generated.systemone_models import SystemOneRequest
 from swama.handlers.dispatch import Call, route
 from swama.handlers.errors import ApiError

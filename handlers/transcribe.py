@@ -9,11 +9,11 @@ from pathlib import Path
 
 import httpx
 
-from swama.engine.audio_decode import AudioDecodeError, decode_audio
 from swama.engine.errors import EngineError
-from swama.engine.model_kinds import SPEECH_TO_TEXT
-from swama.engine.sources import pull
-from swama.engine.store import ModelStore
+from swama.engine.files.sources import pull
+from swama.engine.files.store import ModelStore
+from swama.engine.kinds import SPEECH_TO_TEXT
+from swama.handlers.media.audio_decode import AudioDecodeError, decode_audio
 from swama.handlers.run import server_url
 from swama.handlers.settings import Settings
 from swama.handlers.transcriptions import parse_language, render
@@ -73,7 +73,7 @@ def _via_server(url: str, args: argparse.Namespace, data: bytes, model: str, res
 def _in_process(args: argparse.Namespace, data: bytes, store: ModelStore, model: str, response_format: str) -> int:
     """Load and run the model on this (the main) thread: MLX aborts the process at exit when a
     finished worker thread ran it."""
-    from swama.engine.transcription import load_speech_to_text_model, transcribe
+    from swama.engine.kinds.transcription import load_speech_to_text_model, transcribe
     installed = store.get(model)
     try:
         if installed.kind != SPEECH_TO_TEXT:

@@ -11,11 +11,11 @@ import asyncio
 
 from fastapi import Response
 
-from swama.engine.audio_decode import AudioDecodeError, decode_audio
-from swama.engine.transcription import Segment, Transcript, language_code
+from swama.engine.kinds.transcription import Segment, Transcript, language_code
 from swama.generated.openai_models import CreateTranscriptionRequest
 from swama.handlers.dispatch import TOO_LARGE, TRANSCRIPTION_FILE_LIMIT, Call, RouteRules, route
 from swama.handlers.errors import ApiError, bad_request
+from swama.handlers.media.audio_decode import AudioDecodeError, decode_audio
 
 # Any other field the pinned spec names is refused by dispatch, never ignored.
 HANDLED = frozenset({"file", "model", "language", "prompt", "response_format", "temperature",

@@ -10,7 +10,7 @@ import pydantic
 from fastapi import Response
 
 from swama.engine.errors import EngineError
-from swama.engine.store import InstalledModel
+from swama.engine.files.store import InstalledModel
 from swama.generated.systemone_models import SystemOneRequest
 from swama.generated.workers_ai_models import WorkersAiClefFlashRequest, WorkersAiClefRequest
 from swama.handlers.decision_rules import faults, refuse

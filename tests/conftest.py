@@ -24,8 +24,8 @@ def repo_root() -> Path:
 
 def install_folder(root: Path, repo_id: str, folder: Path) -> Path:
     """Install a model folder into a store at `root` the way `swama create` does."""
-    from swama.engine.sources import create
-    from swama.engine.store import ModelStore
+    from swama.engine.files.sources import create
+    from swama.engine.files.store import ModelStore
 
     return create(ModelStore(root), folder, repo_id, say=lambda _: None).path
 

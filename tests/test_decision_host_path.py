@@ -14,11 +14,22 @@ from precision import BF16_TINY_LOGIT_STEP, tol
 from test_decisions_batched import INPUT, mixed_questions
 from tokenizers import Tokenizer, models, trainers
 
-from swama.engine.decide import DecisionJob, _render, prepare
-from swama.engine.heads import _verified, fill_cache, head_split, logits_at
+from swama.engine.decisions.decide import DecisionJob, _render, prepare
+from swama.engine.decisions.heads import _verified, fill_cache, head_split, logits_at
+from swama.engine.decisions.scorer import (
+    HFLabelTokenizer,
+    build_content,
+    label_token_ids,
+    labels_for,
+    predicate_view,
+)
+from swama.engine.decisions.scorer.batch_encode import (
+    MIN_SHARED_CHARS,
+    encode_prompts,
+    round_trips,
+    shared_cut,
+)
 from swama.engine.model import LoadedModel, load_language_model
-from swama.engine.scorer import HFLabelTokenizer, build_content, label_token_ids, labels_for, predicate_view
-from swama.engine.scorer.batch_encode import MIN_SHARED_CHARS, encode_prompts, round_trips, shared_cut
 from swama.tools.build_tiny_model import build_tiny_model
 
 

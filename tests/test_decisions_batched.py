@@ -10,11 +10,16 @@ from pathlib import Path
 import pytest
 from precision import BF16_PROBABILITY, BF16_TINY_PROBABILITY, tol
 
-from swama.engine import decide
-from swama.engine.decide import DecisionJob, DecisionRun, batch_chunks, kv_bytes_per_token
+from swama.engine.decisions import decide
+from swama.engine.decisions.decide import DecisionJob, DecisionRun, batch_chunks, kv_bytes_per_token
+from swama.engine.decisions.scorer import (
+    ScoredAnswer,
+    decision_choice_view,
+    decision_score_view,
+    predicate_view,
+)
 from swama.engine.model import LoadedModel, load_language_model
-from swama.engine.scheduler import Scheduler
-from swama.engine.scorer import ScoredAnswer, decision_choice_view, decision_score_view, predicate_view
+from swama.engine.serving.scheduler import Scheduler
 from swama.tools.build_tiny_model import build_tiny_model
 
 INPUT = "\n".join(f"Message {i}: the invoice for order {1000 + i} was charged twice; the customer wants a refund "

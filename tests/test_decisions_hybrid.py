@@ -15,9 +15,9 @@ from conftest import install_folder
 from precision import BF16_TINY_PROBABILITY, tol
 
 from live_server import LiveServer, start_server
-from swama.engine.decide import DecisionJob, DecisionRun
+from swama.engine.decisions.decide import DecisionJob, DecisionRun
+from swama.engine.decisions.scorer import decision_choice_view, decision_score_view, predicate_view
 from swama.engine.model import load_language_model
-from swama.engine.scorer import decision_choice_view, decision_score_view, predicate_view
 from swama.tools.build_tiny_model import build_tiny_model
 
 HYBRID = "test/tiny-qwen3_5"

@@ -16,15 +16,15 @@ from precision import BF16_NEAR_TIE, BF16_PROBABILITY, ON_GPU, tol
 from typesafe_sdk import Choice, Noul, Score, TypeSafeClient
 
 from live_server import LiveServer
-from swama.engine.decide import DecisionJob, DecisionResult, DecisionRun
-from swama.engine.model import load_language_model
-from swama.engine.scorer import (
+from swama.engine.decisions.decide import DecisionJob, DecisionResult, DecisionRun
+from swama.engine.decisions.scorer import (
     build_content,
     decision_choice_view,
     decision_score_view,
     labels_for,
     predicate_view,
 )
+from swama.engine.model import load_language_model
 
 SMOL = "smollm2"
 # bf16: two computations of SmolLM2's logits (steps of 0.125) may move a log-odds by BF16_NEAR_TIE,
@@ -284,7 +284,7 @@ def test_more_than_26_choices_use_pair_labels(model_server: LiveServer, smollm2)
     assert [p["value"] for p in probs] == [c["value"] for c in choices]
     assert math.isclose(sum(p["probability"] for p in probs), 1.0, abs_tol=1e-9)
     # The prompt the scorer used carries two-letter labels from the start.
-    from swama.engine.decide import DecisionJob, prepare
+    from swama.engine.decisions.decide import DecisionJob, prepare
 
     prepared = prepare(smollm2, DecisionJob("Pick one.", [decision_choice_view(
         "Which option?", [(c["value"], None) for c in choices])], 16384))

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from swama.engine.scorer import DecisionError, ScoredAnswer, answer_from_logprobs
+from swama.engine.decisions.scorer import DecisionError, ScoredAnswer, answer_from_logprobs
 from swama.generated.decisions_models import DecisionCreateRequest, DecisionQuestion
 from swama.generated.routes import OPERATIONS
 from swama.handlers.decisions import create_decision
@@ -670,7 +670,7 @@ def test_documented_example_response() -> None:
   {"type":"score","name":"urgency","score":1.922966354728045,"probabilities":[{"value":0,"label":"low","probability":0.015163456120649954},{"value":1,"label":"medium","probability":0.04670673303065524},{"value":2,"label":"high","probability":0.9381298108486948}],"confidence":0.8844495320920672},
   {"type":"choice","name":null,"choice":true,"probabilities":[{"value":true,"probability":0.5621765008857981},{"value":false,"probability":0.4378234991142019}],"confidence":0.12435300177159614}],
  "usage":{"input_tokens":184,"input_tokens_details":{"cached_tokens":0,"cache_write_tokens":0},"output_tokens":0,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":184}}"""  # noqa: E501
-    from swama.engine.scorer import choice_confidence, expected_score, score_confidence
+    from swama.engine.decisions.scorer import choice_confidence, expected_score, score_confidence
 
     team_p = [0.9478362250325003, 0.047189986937231164, 0.004973788030268673]
     urgency_p = [0.015163456120649954, 0.04670673303065524, 0.9381298108486948]

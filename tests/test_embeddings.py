@@ -19,8 +19,8 @@ from openai import BadRequestError, NotFoundError, OpenAI
 from precision import tol
 
 from live_server import LiveServer, start_server
-from swama.engine.embeddings import batches, check_dimensions, embed, spec_of, tokenize
 from swama.engine.errors import EngineError
+from swama.engine.kinds.embeddings import batches, check_dimensions, embed, spec_of, tokenize
 from swama.engine.model import LoadedModel, load_model
 
 MINILM_ID = "sentence-transformers/all-MiniLM-L6-v2"

@@ -10,9 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from swama.engine.chat_prompt import build_prompt, template_renders_tools
 from swama.engine.errors import EngineError
-from swama.engine.generator import (
+from swama.engine.files.store import ModelNotInstalled, ModelStore
+from swama.engine.model import load_language_model
+from swama.engine.serving.pool import ModelPool
+from swama.engine.text.chat_prompt import build_prompt, template_renders_tools
+from swama.engine.text.generator import (
     ChatRequest,
     Finished,
     Sampling,
@@ -21,10 +24,7 @@ from swama.engine.generator import (
     _StopMatcher,
     generate,
 )
-from swama.engine.model import load_language_model
-from swama.engine.pool import ModelPool
-from swama.engine.store import ModelNotInstalled, ModelStore
-from swama.engine.tool_calls import DEFAULT_FORMAT, ToolCallSplitter
+from swama.engine.text.tool_calls import DEFAULT_FORMAT, ToolCallSplitter
 
 
 def feed_all(splitter: ToolCallSplitter, pieces: list[str]) -> tuple[str, list]:

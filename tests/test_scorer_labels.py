@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from swama.engine.scorer import (
+from swama.engine.decisions.scorer import (
     DIGIT_LABELS,
     LETTER_LABELS,
     PAIR_CANDIDATES,
@@ -32,7 +32,7 @@ from swama.engine.scorer import (
     systemone_choice_view,
     systemone_score_view,
 )
-from swama.engine.scorer.hf_tokenizer import splits_at_added_tokens
+from swama.engine.decisions.scorer.hf_tokenizer import splits_at_added_tokens
 
 PAIRS_UNAVAILABLE = (
     "More than 26 options per choice needs an added token before the answer position, "

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pytest
 
-from swama.engine.scorer import (
+from swama.engine.decisions.scorer import (
     DecisionError,
     ScoredAnswer,
     answer_from_logits,

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from swama.engine.scorer import (
+from swama.engine.decisions.scorer import (
     QuestionView,
     build_content,
     decision_choice_view,

@@ -16,7 +16,7 @@ from types import ModuleType
 import pytest
 import yaml
 
-from swama.engine.scorer import DecisionError
+from swama.engine.decisions.scorer import DecisionError
 from swama.generated.routes import OPERATIONS
 from swama.handlers.dispatch import resolve, rules_of, validate
 from swama.handlers.errors import ApiError

@@ -23,8 +23,8 @@ from conftest import make_store
 from openai import OpenAI
 
 from live_server import LiveServer, start_server
-from swama.engine.audio_encode import UNKNOWN_SIZE, encode_whole
-from swama.engine.speech import ESPEAK_MISSING, load_text_to_speech_model, synthesize, voices_of
+from swama.engine.kinds.speech import ESPEAK_MISSING, load_text_to_speech_model, synthesize, voices_of
+from swama.handlers.media.audio_encode import UNKNOWN_SIZE, encode_whole
 
 TTS = "test/tiny-kitten"
 LM = "test/tiny-qwen3"

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from local_hub import LocalHub
 
-from swama.engine import aliases
-from swama.engine.sources import PullError, create, pull
-from swama.engine.store import META, ModelNotInstalled, ModelStore, StoreError
+from swama.engine.files import aliases
+from swama.engine.files.sources import PullError, create, pull
+from swama.engine.files.store import META, ModelNotInstalled, ModelStore, StoreError
 
 QUIET = {"say": lambda _: None}
 

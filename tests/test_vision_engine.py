@@ -11,12 +11,17 @@ import pytest
 from PIL import Image
 from precision import BF16_TINY_PROBABILITY, tol
 
-from swama.engine.decide import DecisionJob, DecisionRun
+from swama.engine.decisions.decide import DecisionJob, DecisionRun
+from swama.engine.decisions.scorer import (
+    DecisionError,
+    decision_choice_view,
+    decision_score_view,
+    predicate_view,
+)
 from swama.engine.errors import EngineError
-from swama.engine.generator import ChatRequest, Finished, Sampling, generate
+from swama.engine.kinds import VISION
 from swama.engine.model import LoadedModel, load_model
-from swama.engine.model_kinds import VISION
-from swama.engine.scorer import DecisionError, decision_choice_view, decision_score_view, predicate_view
+from swama.engine.text.generator import ChatRequest, Finished, Sampling, generate
 
 # bf16: one shared encoding and prefix against one per question round the tiny models' logits
 # (steps of 0.0625 under 16) apart, by up to four steps on a log-odds; a probability moves by at

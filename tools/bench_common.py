@@ -79,7 +79,7 @@ def model_files(folder: Path) -> list[Path]:
 
 def build_store(root: Path, model_dir: Path, repo_id: str = SMOLLM2_ID) -> Path:
     """A swama model store at `root` holding `model_dir` as `repo_id` (files linked, not copied)."""
-    from swama.engine.store import ModelStore
+    from swama.engine.files.store import ModelStore
 
     def build(staging: Path) -> None:
         for src in model_files(model_dir):

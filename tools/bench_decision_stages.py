@@ -37,10 +37,10 @@ def one_request(model, job) -> dict[str, float]:
     import mlx.core as mx
     import numpy as np
 
-    from swama.engine import decide
-    from swama.engine.heads import fill_cache
-    from swama.engine.scorer import build_content, check_context, check_reasoning_closed, labels_for
-    from swama.engine.scorer.batch_encode import encode_prompts, round_trips
+    from swama.engine.decisions import decide
+    from swama.engine.decisions.heads import fill_cache
+    from swama.engine.decisions.scorer import build_content, check_context, check_reasoning_closed, labels_for
+    from swama.engine.decisions.scorer.batch_encode import encode_prompts, round_trips
 
     times: dict[str, float] = {}
     clock = time.perf_counter()
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5)
     add_write_option(parser)
     args = parser.parse_args(argv)
-    from swama.engine.decide import DecisionJob, DecisionRun
+    from swama.engine.decisions.decide import DecisionJob, DecisionRun
     from swama.engine.model import load_language_model
     from swama.engine.runtime import compute_dtype, on_gpu, reexec_with_fast_blas
     from swama.tools.bench_decisions import questions, ticket

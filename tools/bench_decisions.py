@@ -27,10 +27,10 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from swama.engine.decide import DecisionJob, DecisionRun
+from swama.engine.decisions.decide import DecisionJob, DecisionRun
+from swama.engine.decisions.scorer import decision_choice_view, decision_score_view, predicate_view
 from swama.engine.model import load_language_model
 from swama.engine.runtime import reexec_with_fast_blas
-from swama.engine.scorer import decision_choice_view, decision_score_view, predicate_view
 from swama.tools.bench_common import default_model_dir, missing_model_message, today, write_section
 
 TITLE = "Decisions: shared-prefix scoring vs a fresh cache per question"

@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     import mlx.core as mx
     from mlx_embeddings.utils import generate
 
-    from swama.engine.embeddings import embed, tokenize
+    from swama.engine.kinds.embeddings import embed, tokenize
     from swama.engine.model import load_model
 
     model = load_model(MINILM_ID, model_dir)  # float32 on the CPU, as the server loads it

@@ -41,7 +41,7 @@ if mode == "baseline":
     module = importlib.util.module_from_spec(spec); sys.modules[spec.name] = module; spec.loader.exec_module(module)
     run = lambda: module.import_gguf(gguf, dest)
 else:
-    from swama.engine.gguf_import import ImportOptions, import_gguf
+    from swama.engine.files.gguf_import import ImportOptions, import_gguf
     dtype, bits = sys.argv[4], (int(sys.argv[5]) or None)
     run = lambda: import_gguf(gguf, dest, ImportOptions(dtype=getattr(mx, dtype), quantize_bits=bits))
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

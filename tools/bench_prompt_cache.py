@@ -14,10 +14,10 @@ import sys
 import threading
 from pathlib import Path
 
-from swama.engine.generator import ChatRequest, Finished, Sampling, TextDelta, generate
 from swama.engine.model import load_model
-from swama.engine.prompt_cache import PromptCache
 from swama.engine.runtime import reexec_with_fast_blas
+from swama.engine.serving.prompt_cache import PromptCache
+from swama.engine.text.generator import ChatRequest, Finished, Sampling, TextDelta, generate
 from swama.tools.bench_common import (
     add_write_option,
     default_model_dir,

@@ -86,11 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     import mlx.core as mx
     from mlx_audio.stt.utils import load
 
-    from swama.engine.audio_decode import decode_audio
-    from swama.engine.service import Engine, EngineOptions
-    from swama.engine.sources import create
-    from swama.engine.store import ModelStore
-    from swama.engine.transcription import _cast_whisper
+    from swama.engine.files.sources import create
+    from swama.engine.files.store import ModelStore
+    from swama.engine.kinds.transcription import _cast_whisper
+    from swama.engine.serving.engine import Engine, EngineOptions
+    from swama.handlers.media.audio_decode import decode_audio
 
     work = Path(tempfile.mkdtemp(prefix="swama-bench-stt-"))
     try:

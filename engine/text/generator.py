@@ -13,13 +13,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from swama.engine.chat_prompt import Prompt, build_prompt, template_renders_tools
+from swama.engine.decisions.scorer import IMAGES_NEED_VISION
 from swama.engine.errors import Cancelled, EngineError
+from swama.engine.kinds.vision import MULTIMODAL_CONTEXT_LIMIT, Prefill
 from swama.engine.model import LoadedModel
-from swama.engine.prompt_cache import PromptCache, cacheable
-from swama.engine.scorer import IMAGES_NEED_VISION
-from swama.engine.tool_calls import ToolCall, ToolCallSplitter, tool_format
-from swama.engine.vision import MULTIMODAL_CONTEXT_LIMIT, Prefill
+from swama.engine.serving.prompt_cache import PromptCache, cacheable
+from swama.engine.text.chat_prompt import Prompt, build_prompt, template_renders_tools
+from swama.engine.text.tool_calls import ToolCall, ToolCallSplitter, tool_format
 
 # The one place sampling defaults live: every route and the CLI leave unset options to these.
 DEFAULT_TEMPERATURE = 0.6

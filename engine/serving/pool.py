@@ -26,10 +26,10 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from swama.engine.errors import EngineError
-from swama.engine.memory import available_bytes, gib, model_bytes
+from swama.engine.files.store import ModelStore
 from swama.engine.model import LoadedModel, load_model
-from swama.engine.store import ModelStore
-from swama.engine.threads import run_parked
+from swama.engine.serving.memory import available_bytes, gib, model_bytes
+from swama.engine.serving.threads import run_parked
 
 log = logging.getLogger("swama.pool")
 RETRY_AFTER_SECONDS = 1

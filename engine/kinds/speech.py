@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from swama.engine.errors import Cancelled, EngineError
+from swama.engine.kinds import TEXT_TO_SPEECH
 from swama.engine.model import LoadedModel, cast_for_device
-from swama.engine.model_kinds import TEXT_TO_SPEECH
 
 ESPEAK_MISSING = ("This model turns text into phonemes with espeak-ng, which is not installed: install it "
                   "(Debian/Ubuntu: sudo apt-get install espeak-ng; macOS: brew install espeak-ng) and retry.")

@@ -2,8 +2,8 @@
 
 llama.cpp's own `gguf` package reads the file and dequantizes its tensors, whatever their type
 (the legacy, K- and I-quants, BF16, F16, F32). What is ours: mapping names and metadata onto an
-mlx-lm model (engine/gguf_arch.py), rebuilding the tokenizer (engine/gguf_tokenizer.py), and
-writing the weights one tensor at a time (engine/safetensors_stream.py), so memory holds about one
+mlx-lm model (gguf_arch.py), rebuilding the tokenizer (gguf_tokenizer.py), and
+writing the weights one tensor at a time (safetensors_stream.py), so memory holds about one
 tensor, not the model twice.
 
 The folder holds ``config.json``, ``model.safetensors`` (float32 on the CPU, bfloat16 on a GPU,
@@ -27,10 +27,10 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueTy
 from gguf.gguf_reader import ReaderTensor
 from gguf.quants import dequantize
 
-from swama.engine.gguf_arch import ArchSpec, arch_spec, build_config
-from swama.engine.gguf_errors import GGUFImportError
-from swama.engine.gguf_tokenizer import build_generation_config, build_tokenizer, build_tokenizer_config
-from swama.engine.safetensors_stream import SafetensorsStream, TensorPlan
+from swama.engine.files.gguf_arch import ArchSpec, arch_spec, build_config
+from swama.engine.files.gguf_errors import GGUFImportError
+from swama.engine.files.gguf_tokenizer import build_generation_config, build_tokenizer, build_tokenizer_config
+from swama.engine.files.safetensors_stream import SafetensorsStream, TensorPlan
 
 __all__ = ["GGUFImportError", "ImportOptions", "ImportSummary", "import_gguf", "read_gguf"]
 

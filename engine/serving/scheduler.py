@@ -30,12 +30,20 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from swama.engine.decide import DecisionRun, pick_rows, score_across
+from swama.engine.decisions.decide import DecisionRun, pick_rows, score_across
 from swama.engine.errors import Cancelled, EngineError
-from swama.engine.generator import ChatRequest, Decoder, Event, generate, make_sampling, prepare, token_budget
 from swama.engine.model import LoadedModel
-from swama.engine.prompt_cache import PromptCache, cacheable
-from swama.engine.threads import THREADS
+from swama.engine.serving.prompt_cache import PromptCache, cacheable
+from swama.engine.serving.threads import THREADS
+from swama.engine.text.generator import (
+    ChatRequest,
+    Decoder,
+    Event,
+    generate,
+    make_sampling,
+    prepare,
+    token_budget,
+)
 
 log = logging.getLogger("swama.scheduler")
 T = TypeVar("T")

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from swama.engine.errors import Cancelled, EngineError
+from swama.engine.kinds import EMBEDDING
 from swama.engine.model import LoadedModel, cast_for_device
-from swama.engine.model_kinds import EMBEDDING
 
 # Architectures whose embeddings were trained to be truncated (Matryoshka representation learning):
 # EmbeddingGemma (gemma3_text) and Qwen3-Embedding (qwen3).

@@ -39,9 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from swama.engine.heads import Head, fill_cache, head_split, logits_at
-from swama.engine.model import LoadedModel
-from swama.engine.scorer import (
+from swama.engine.decisions.heads import Head, fill_cache, head_split, logits_at
+from swama.engine.decisions.scorer import (
     CHAT_TEMPLATE_REQUIRED,
     IMAGES_NEED_VISION,
     DecisionError,
@@ -58,9 +57,10 @@ from swama.engine.scorer import (
     labels_for,
     reasoning_opener_ids,
 )
-from swama.engine.scorer.batch_encode import encode_prompts, round_trips
-from swama.engine.scorer.checks import ROUND_TRIP_FAILED
-from swama.engine.vision import LOW_DETAIL_SIDE, MULTIMODAL_CONTEXT_LIMIT, Prefill, fit_within
+from swama.engine.decisions.scorer.batch_encode import encode_prompts, round_trips
+from swama.engine.decisions.scorer.checks import ROUND_TRIP_FAILED
+from swama.engine.kinds.vision import LOW_DETAIL_SIDE, MULTIMODAL_CONTEXT_LIMIT, Prefill, fit_within
+from swama.engine.model import LoadedModel
 
 
 @dataclass(frozen=True)
@@ -232,8 +232,8 @@ def default_batch_cache_bytes() -> int:
     """The bound on a batched pass's copies of the prefix cache: 1 GiB on the CPU; on a GPU an eighth
     of its free memory, up to 16 GiB (20 rows of a 1,000-token prefix of a Qwen3-0.6B-sized model
     take 2.5 GB: under the CPU bound they would run in three passes)."""
-    from swama.engine.memory import available_bytes
     from swama.engine.runtime import on_gpu
+    from swama.engine.serving.memory import available_bytes
 
     if not on_gpu():
         return BATCH_CACHE_BYTES

@@ -13,8 +13,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from swama.engine.scorer import DecisionError, ScoredAnswer
-from swama.engine.scorer.math import choice_confidence, expected_score, first_argmax, score_confidence
+from swama.engine.decisions.scorer import DecisionError, ScoredAnswer
+from swama.engine.decisions.scorer.math import (
+    choice_confidence,
+    expected_score,
+    first_argmax,
+    score_confidence,
+)
 
 IMAGES_NOT_READ = "This decision checkpoint reads text only; it does not take images."
 

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from swama.engine.errors import Cancelled, EngineError
+from swama.engine.kinds import SPEECH_TO_TEXT
 from swama.engine.model import LoadedModel
-from swama.engine.model_kinds import SPEECH_TO_TEXT
 from swama.engine.runtime import compute_dtype
 
 SAMPLE_RATE = 16000

@@ -15,22 +15,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from swama.engine import aliases
-from swama.engine.checkpoints import CheckpointResult, predict
-from swama.engine.decide import DecisionJob, DecisionResult, DecisionRun
-from swama.engine.embeddings import Embeddings, check_dimensions, embed, spec_of, tokenize
+from swama.engine.decisions.checkpoints import CheckpointResult, predict
+from swama.engine.decisions.decide import DecisionJob, DecisionResult, DecisionRun
 from swama.engine.errors import Cancelled, EngineError
-from swama.engine.generator import ChatRequest, Event, Finished, generate
+from swama.engine.files import aliases
+from swama.engine.files.store import InstalledModel, ModelNotInstalled, ModelStore
+from swama.engine.kinds import LANGUAGE, SPEECH_TO_TEXT, VISION
+from swama.engine.kinds.embeddings import Embeddings, check_dimensions, embed, spec_of, tokenize
+from swama.engine.kinds.speech import Segment, synthesize
+from swama.engine.kinds.transcription import Transcript, is_multilingual, transcribe
 from swama.engine.model import LoadedModel
-from swama.engine.model_kinds import LANGUAGE, SPEECH_TO_TEXT, VISION
-from swama.engine.pool import ModelPool
-from swama.engine.prompt_cache import PromptCache, default_budget
 from swama.engine.runtime import compute_dtype
-from swama.engine.scheduler import DECISION_ROWS, DEFAULT_ROWS, Scheduler
-from swama.engine.speech import Segment, synthesize
-from swama.engine.store import InstalledModel, ModelNotInstalled, ModelStore
-from swama.engine.threads import THREADS
-from swama.engine.transcription import Transcript, is_multilingual, transcribe
+from swama.engine.serving.pool import ModelPool
+from swama.engine.serving.prompt_cache import PromptCache, default_budget
+from swama.engine.serving.scheduler import DECISION_ROWS, DEFAULT_ROWS, Scheduler
+from swama.engine.serving.threads import THREADS
+from swama.engine.text.generator import ChatRequest, Event, Finished, generate
 
 T = TypeVar("T")
 _DONE = object()
