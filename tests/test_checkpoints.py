@@ -58,7 +58,7 @@ def _library_prediction(folder: Path, images: list | None = None) -> dict:
     from mlx_vlm import load
     from mlx_vlm.decision import predict
 
-    from swama.handlers.images import ImageRef, load_data_image, open_image
+    from swama.handlers.media.images import ImageRef, load_data_image, open_image
 
     model, processor = load(str(folder))
     model.set_dtype(DTYPE)  # the dtype the server computes in (the tiny checkpoints are stored in float32)

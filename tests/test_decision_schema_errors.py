@@ -16,7 +16,9 @@ from swama.generated.decisions_models import (
 )
 from swama.generated.routes import OPERATIONS
 from swama.generated.systemone_models import SystemOneChoiceQuestion, SystemOneScoreQuestion
-from swama.handlers.decision_rules import (
+from swama.handlers.http.errors import ApiError
+from swama.handlers.http.pipeline import parse_json_request, rules_of
+from swama.handlers.routes.decision_rules import (
     MAX_CHOICES,
     MAX_LEVELS,
     MAX_QUESTIONS,
@@ -24,10 +26,8 @@ from swama.handlers.decision_rules import (
     MIN_LEVELS,
     length_bounds,
 )
-from swama.handlers.decisions import create_decision
-from swama.handlers.dispatch import parse_json_request, rules_of
-from swama.handlers.errors import ApiError
-from swama.handlers.systemone import create_system_one
+from swama.handlers.routes.decisions import create_decision
+from swama.handlers.routes.systemone import create_system_one
 
 DECISION = {"model": "m", "input": "x", "questions": [{"type": "predicate", "instructions": "Q"}]}
 SYSTEMONE = {"model": "m", "state": "s", "questions": {"q": {"type": "noul", "instructions": "Q"}}}

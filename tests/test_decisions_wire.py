@@ -12,17 +12,17 @@ import pytest
 from swama.engine.decisions.scorer import DecisionError, ScoredAnswer, answer_from_logprobs
 from swama.generated.decisions_models import DecisionCreateRequest, DecisionQuestion
 from swama.generated.routes import OPERATIONS
-from swama.handlers.decisions import create_decision
-from swama.handlers.decisions_wire import (
-    Question,
+from swama.handlers.http.errors import ApiError
+from swama.handlers.http.pipeline import parse_json_request, rules_of
+from swama.handlers.routes.decisions import (
     check_questions,
+    create_decision,
     input_of,
     question_view,
     questions_of,
-    render_decision_response,
 )
-from swama.handlers.dispatch import parse_json_request, rules_of
-from swama.handlers.errors import ApiError
+from swama.handlers.routes.decisions_render import render_decision_response
+from swama.handlers.routes.decisions_wording import Question
 
 SGLANG_SHAPE = (
     "The SGLang prompt format 1 request shape was removed from /v1/decisions; send the OpenAI Decisions "

@@ -11,7 +11,7 @@ import zlib
 import pytest
 from PIL import Image as PILImage
 
-from swama.handlers.images import (
+from swama.handlers.media.images import (
     Image,
     ImageError,
     check_image,

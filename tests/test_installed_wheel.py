@@ -40,7 +40,7 @@ def _source_files() -> set[str]:
     for pattern in RUNTIME_DATA:
         for path in (REPO / "specs").rglob(pattern):
             wanted.add(f"swama/{path.relative_to(REPO).as_posix()}")
-    for path in (REPO / "handlers" / "ui_assets").iterdir():  # the playground's page, script and style
+    for path in (REPO / "handlers" / "http" / "playground_assets").iterdir():  # the playground's page, script and style
         wanted.add(f"swama/{path.relative_to(REPO).as_posix()}")
     return wanted
 

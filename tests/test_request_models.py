@@ -11,11 +11,11 @@ import pydantic
 import pytest
 
 from swama.generated.routes import OPERATIONS
-from swama.handlers import chat
-from swama.handlers.chat_request import Turn, json_object, merge_adjacent_system
-from swama.handlers.dispatch import RouteRules, parse_json_request
-from swama.handlers.errors import ApiError
-from swama.handlers.responses_rules import ROUTE_RULES, response_request
+from swama.handlers.http.errors import ApiError
+from swama.handlers.http.pipeline import RouteRules, parse_json_request
+from swama.handlers.routes import chat, chat_wording
+from swama.handlers.routes.responses import ROUTE_RULES, response_request
+from swama.handlers.routes.turns import Turn, json_object, merge_adjacent_system
 
 CHAT_OP, RESPONSES_OP = OPERATIONS["createChatCompletion"], OPERATIONS["createResponse"]
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -23,17 +23,17 @@ RESPONSE = {"model": "m", "input": "hi"}
 
 SCHEMA_REFUSALS = [
     # route, rules, body, (code, message, param)
-    (CHAT_OP, chat.RULES, {**CHAT, "frobnicate": 1},
+    (CHAT_OP, chat_wording.RULES, {**CHAT, "frobnicate": 1},
      ("unsupported_parameter", "'frobnicate' is not supported by this server; it is rejected rather than ignored.",
       "frobnicate")),
-    (CHAT_OP, chat.RULES, {**CHAT, "n": 2},
+    (CHAT_OP, chat_wording.RULES, {**CHAT, "n": 2},
      ("unsupported_parameter", "'n' is not supported by this server; it is rejected rather than ignored.", "n")),
-    (CHAT_OP, chat.RULES, {**CHAT, "stream": "yes"},
+    (CHAT_OP, chat_wording.RULES, {**CHAT, "stream": "yes"},
      ("invalid_type", "Invalid value at 'stream': Input should be a valid boolean.", "stream")),
-    (CHAT_OP, chat.RULES, {**CHAT, "min_p": "x"}, ("invalid_type", "'min_p' must be a number.", "min_p")),
-    (CHAT_OP, chat.RULES, {"model": "m"},
+    (CHAT_OP, chat_wording.RULES, {**CHAT, "min_p": "x"}, ("invalid_type", "'min_p' must be a number.", "min_p")),
+    (CHAT_OP, chat_wording.RULES, {"model": "m"},
      ("invalid_value", "Invalid request payload or missing messages", "messages")),
-    (CHAT_OP, chat.RULES, {"messages": CHAT["messages"]},
+    (CHAT_OP, chat_wording.RULES, {"messages": CHAT["messages"]},
      ("missing_required_parameter", "Missing required field 'model'.", "model")),
     (RESPONSES_OP, ROUTE_RULES, {**RESPONSE, "metadata": {}},
      ("unsupported_parameter",
@@ -63,7 +63,7 @@ def test_the_generated_model_refuses_and_the_route_words_it(op: Any, rules: Rout
 
 
 def chat_request(**changes: Any) -> Any:
-    parsed = parse_json_request(CHAT_OP, chat.RULES, json.dumps({**CHAT, **changes}).encode())
+    parsed = parse_json_request(CHAT_OP, chat_wording.RULES, json.dumps({**CHAT, **changes}).encode())
     return chat.request_from(parsed, 4096)[0]
 
 

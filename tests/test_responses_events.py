@@ -12,8 +12,9 @@ from swama.engine.text.generator import Event, Finished, TextDelta, ToolCallEven
 from swama.engine.text.tool_calls import ToolCall
 from swama.generated import openai_models as om
 from swama.generated.routes import OPERATIONS
-from swama.handlers.dispatch import parse_json_request
-from swama.handlers.responses_events import (
+from swama.handlers.http.pipeline import parse_json_request
+from swama.handlers.routes.responses import ROUTE_RULES, ResponseRequest, response_request
+from swama.handlers.routes.responses_render import (
     ResponseStream,
     final_response,
     function_call_item,
@@ -23,7 +24,6 @@ from swama.handlers.responses_events import (
     sse_frame,
     usage_payload,
 )
-from swama.handlers.responses_rules import ROUTE_RULES, ResponseRequest, response_request
 
 TOOLS = [{"type": "function", "name": "exec_command", "description": "Run a command", "strict": False,
           "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}},

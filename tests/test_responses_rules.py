@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from swama.generated.routes import OPERATIONS
-from swama.handlers.dispatch import parse_json_request, validate
-from swama.handlers.errors import ApiError, error_body
-from swama.handlers.images import ImageRef, valid_image_url
-from swama.handlers.responses_rules import (
+from swama.handlers.http.errors import ApiError, error_body
+from swama.handlers.http.pipeline import parse_json_request, validate
+from swama.handlers.media.images import ImageRef, valid_image_url
+from swama.handlers.routes.responses import (
     ROUTE_RULES,
     ResponseRequest,
     response_request,

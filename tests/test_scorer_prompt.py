@@ -19,11 +19,11 @@ from swama.engine.decisions.scorer import (
     systemone_score_view,
 )
 from swama.generated.routes import OPERATIONS
-from swama.handlers import decisions_wire, systemone_wire
-from swama.handlers.decisions import create_decision
-from swama.handlers.dispatch import parse_json_request, rules_of
-from swama.handlers.strict_json import parse_strict_json
-from swama.handlers.systemone import create_system_one
+from swama.handlers.http.pipeline import parse_json_request, rules_of
+from swama.handlers.http.strict_json import parse_strict_json
+from swama.handlers.routes import decisions, systemone
+from swama.handlers.routes.decisions import create_decision
+from swama.handlers.routes.systemone import create_system_one
 
 # render_text ---------------------------------------------------------------------------------
 
@@ -62,8 +62,8 @@ def _systemone_contents(questions: str, state: str = '""') -> list[str]:
     body = f'{{"model":"m","state":{state},"questions":{questions}}}'.encode()
     request = parse_json_request(OPERATIONS["createSystemOne"], rules_of(create_system_one), body)
     contents = []
-    for _, question in systemone_wire.questions_of(request):  # type: ignore[arg-type]
-        view = systemone_wire.question_view(question)
+    for _, question in systemone.questions_of(request):  # type: ignore[arg-type]
+        view = systemone.question_view(question)
         contents.append(build_content(render_text(request.state), view, labels_for(view)))  # type: ignore[attr-defined]
     return contents
 
@@ -181,10 +181,10 @@ DOCUMENTED_REQUEST = (
 
 def test_documented_example_contents() -> None:
     request = parse_json_request(OPERATIONS["createDecision"], rules_of(create_decision), DOCUMENTED_REQUEST)
-    text, _ = decisions_wire.input_of(request.input)  # type: ignore[attr-defined]
+    text, _ = decisions.input_of(request.input)  # type: ignore[attr-defined]
     contents = []
-    for question in decisions_wire.questions_of(request):  # type: ignore[arg-type]
-        view = decisions_wire.question_view(question)
+    for question in decisions.questions_of(request):  # type: ignore[arg-type]
+        view = decisions.question_view(question)
         contents.append(build_content(text, view, labels_for(view)))
     assert contents == [
         "My invoice charged me twice.\n\nIs the following true? Is this a billing issue?\n"

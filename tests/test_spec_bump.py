@@ -18,8 +18,8 @@ import yaml
 
 from swama.engine.decisions.scorer import DecisionError
 from swama.generated.routes import OPERATIONS
-from swama.handlers.dispatch import resolve, rules_of, validate
-from swama.handlers.errors import ApiError
+from swama.handlers.http.errors import ApiError
+from swama.handlers.http.pipeline import resolve, rules_of, validate
 from swama.tools import specs
 from swama.tools.spec_sources import DECISIONS
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from swama.handlers.strict_json import MAX_DEPTH, JSONRule, StrictJSONError, parse_strict_json
+from swama.handlers.http.strict_json import MAX_DEPTH, JSONRule, StrictJSONError, parse_strict_json
 
 
 def _rule(body: bytes | str) -> tuple[JSONRule, str | None]:

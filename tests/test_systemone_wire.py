@@ -19,18 +19,13 @@ from swama.engine.decisions.scorer import (
 )
 from swama.generated.routes import OPERATIONS
 from swama.generated.systemone_models import SystemOneQuestion, SystemOneRequest
-from swama.handlers import decisions_wire
-from swama.handlers.decisions import create_decision
-from swama.handlers.dispatch import BODY_LIMITS, parse_json_request, rules_of
-from swama.handlers.errors import ApiError
-from swama.handlers.systemone import create_system_one
-from swama.handlers.systemone_wire import (
-    Question,
-    check_questions,
-    question_view,
-    questions_of,
-    render_systemone_response,
-)
+from swama.handlers.http.errors import ApiError
+from swama.handlers.http.pipeline import BODY_LIMITS, parse_json_request, rules_of
+from swama.handlers.routes import decisions as decisions_route
+from swama.handlers.routes.decisions import create_decision
+from swama.handlers.routes.systemone import check_questions, create_system_one, question_view, questions_of
+from swama.handlers.routes.systemone_render import render_systemone_response
+from swama.handlers.routes.systemone_wording import Question
 
 MAX_BODY_BYTES = 13 * 1024 * 1024
 BLANK = (
@@ -582,12 +577,12 @@ def test_same_prompts_as_the_equivalent_decisions_request() -> None:
         ).encode(),
     )
     assert state_text == '{"ticket":"Refund please","tags":["billing"],"amount":12.5}'
-    pairs = zip(questions_of(systemone), decisions_wire.questions_of(decisions), strict=True)  # type: ignore[arg-type]
+    pairs = zip(questions_of(systemone), decisions_route.questions_of(decisions), strict=True)  # type: ignore[arg-type]
     for (_, s_question), d_question in pairs:
-        s_view, d_view = question_view(s_question), decisions_wire.question_view(d_question)
+        s_view, d_view = question_view(s_question), decisions_route.question_view(d_question)
         assert s_view == d_view
         assert build_content(state_text, s_view, labels_for(s_view)) == build_content(
-            decisions_wire.input_of(decisions.input)[0], d_view, labels_for(d_view)  # type: ignore[attr-defined]
+            decisions_route.input_of(decisions.input)[0], d_view, labels_for(d_view)  # type: ignore[attr-defined]
         )
 
 

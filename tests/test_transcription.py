@@ -24,7 +24,7 @@ from swama.engine.files.whisper_ct2 import ModelBin, WhisperConversionError, con
 from swama.engine.kinds import SPEECH_TO_TEXT, kind_of
 from swama.engine.kinds.transcription import Segment, Transcript, load_speech_to_text_model, transcribe
 from swama.handlers.media.audio_decode import AudioDecodeError, decode_audio
-from swama.handlers.transcriptions import to_srt, to_vtt
+from swama.handlers.routes.transcriptions_render import to_srt, to_vtt
 
 # Measured on espeak-ng's en-us+f2 voice at 140 words a minute: 0.114 over the six short sentences
 # (44 words; the robotic voice costs words such as "jumps" -> "jump", "dog" -> "nard"). The bounds

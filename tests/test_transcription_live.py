@@ -22,7 +22,7 @@ from test_transcription import SHORT_WER_BOUND, word_error_rate, words
 
 from live_server import LiveServer, start_server
 from model_fixtures import SpeechClip
-from swama.handlers.dispatch import BODY_LIMITS, TRANSCRIPTION_FILE_LIMIT
+from swama.handlers.http.pipeline import BODY_LIMITS, TRANSCRIPTION_FILE_LIMIT
 
 ROUTE = "/v1/audio/transcriptions"
 CUE = re.compile(r"(\d\d):(\d\d):(\d\d)[,.](\d\d\d) --> (\d\d):(\d\d):(\d\d)[,.](\d\d\d)")

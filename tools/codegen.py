@@ -129,7 +129,7 @@ def _routes_module(specs_dir: Path) -> str:
         "from fastapi import APIRouter, Request, Response",
         "",
         "from swama.generated import " + ", ".join(f"{m}_models" for m in sorted(DOCUMENTS)),
-        "from swama.handlers.dispatch import Operation, dispatch",
+        "from swama.handlers.http.pipeline import Operation, dispatch",
         "",
         "router = APIRouter()",
         "",

@@ -114,7 +114,7 @@ cmd_install() {
     local version; version=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
     mkdir -p "$ROOT/src/swama-$version.dist-info"
     printf 'Metadata-Version: 2.1\nName: swama\nVersion: %s\n' "$version" > "$ROOT/src/swama-$version.dist-info/METADATA"
-    printf '[console_scripts]\nswama = swama.handlers.cli:main\n' > "$ROOT/src/swama-$version.dist-info/entry_points.txt"
+    printf '[console_scripts]\nswama = swama.handlers.cli.main:main\n' > "$ROOT/src/swama-$version.dist-info/entry_points.txt"
     mkdir -p "$ROOT/cache/wheels" && cp "$ROOT"/bundle/models/*.whl "$ROOT/cache/wheels/"
     # Processes started with a cleaned environment (no PYTHONPATH) still find both.
     printf '%s\n' "$ROOT/src" "$ROOT/site" > "$(site_packages)/swama-gpu.pth"

@@ -38,12 +38,12 @@ OPENAI = Source(
     commit="f85dbe223d40e1a31cba812ab2d755c7e98a92a3",
     commit_date="2026-08-21",
     operations=(
-        Operation("get", "/models", "/v1/models", "models:list_models"),
-        Operation("post", "/chat/completions", "/v1/chat/completions", "chat:create_chat_completion"),
-        Operation("post", "/responses", "/v1/responses", "responses:create_response"),
-        Operation("post", "/embeddings", "/v1/embeddings", "embeddings:create_embedding"),
-        Operation("post", "/audio/transcriptions", "/v1/audio/transcriptions", "transcriptions:create_transcription"),
-        Operation("post", "/audio/speech", "/v1/audio/speech", "speech:create_speech"),
+        Operation("get", "/models", "/v1/models", "routes.models:list_models"),
+        Operation("post", "/chat/completions", "/v1/chat/completions", "routes.chat:create_chat_completion"),
+        Operation("post", "/responses", "/v1/responses", "routes.responses:create_response"),
+        Operation("post", "/embeddings", "/v1/embeddings", "routes.embeddings:create_embedding"),
+        Operation("post", "/audio/transcriptions", "/v1/audio/transcriptions", "routes.transcriptions:create_transcription"),
+        Operation("post", "/audio/speech", "/v1/audio/speech", "routes.speech:create_speech"),
     ),
 )
 
@@ -55,7 +55,7 @@ DECISIONS = Source(
     commit_date="2026-10-06",
     operations=(
         Operation(
-            "post", "/decisions", "/v1/decisions", "decisions:create_decision",
+            "post", "/decisions", "/v1/decisions", "routes.decisions:create_decision",
         ),
     ),
     component_prefix="Decision",
@@ -75,7 +75,7 @@ SYSTEMONE = Source(
     commit_date="2026-10-04",
     operations=(
         Operation(
-            "post", "/v1/systemone", "/v1/systemone", "systemone:create_system_one",
+            "post", "/v1/systemone", "/v1/systemone", "routes.systemone:create_system_one",
             operation_id="createSystemOne",
         ),
     ),
@@ -100,13 +100,13 @@ WORKERS_AI = Source(
     commit="0ae61c0b72577c69ed32bf7867d2e478cee255d0",
     commit_date="unknown: the cards say created_at 2026-09-29; collected 2026-11-30",
     operations=(
-        Operation("post", "@cf/cloudflare/clef", "/client/v4" + _RUN + "clef", "workers_ai:run_clef",
+        Operation("post", "@cf/cloudflare/clef", "/client/v4" + _RUN + "clef", "routes.workers_ai:run_clef",
                   operation_id="runClef"),
         Operation("post", "@cf/cloudflare/clef-flash", "/client/v4" + _RUN + "clef-flash",
-                  "workers_ai:run_clef_flash", operation_id="runClefFlash"),
-        Operation("post", "@cf/cloudflare/clef", _RUN + "clef", "workers_ai:run_clef",
+                  "routes.workers_ai:run_clef_flash", operation_id="runClefFlash"),
+        Operation("post", "@cf/cloudflare/clef", _RUN + "clef", "routes.workers_ai:run_clef",
                   operation_id="runClefUnprefixed"),
-        Operation("post", "@cf/cloudflare/clef-flash", _RUN + "clef-flash", "workers_ai:run_clef_flash",
+        Operation("post", "@cf/cloudflare/clef-flash", _RUN + "clef-flash", "routes.workers_ai:run_clef_flash",
                   operation_id="runClefFlashUnprefixed"),
     ),
     component_prefix="WorkersAi",

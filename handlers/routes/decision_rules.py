@@ -12,7 +12,7 @@ from typing import Any
 import pydantic
 
 from swama.engine.decisions.scorer import QuestionKind, ScoredAnswer
-from swama.handlers.errors import ApiError
+from swama.handlers.http.errors import ApiError
 
 MAX_QUESTIONS = 200
 MIN_CHOICES, MAX_CHOICES = 2, 255

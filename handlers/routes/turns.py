@@ -13,8 +13,8 @@ from swama.engine.decisions.scorer import IMAGES_NEED_VISION
 from swama.engine.files.store import InstalledModel
 from swama.engine.kinds import VISION
 from swama.engine.text.generator import ChatRequest, Sampling
-from swama.handlers.errors import ApiError
-from swama.handlers.images import ImageRef, load_images, open_images
+from swama.handlers.http.errors import ApiError
+from swama.handlers.media.images import ImageRef, load_images, open_images
 
 EMPTY_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
 

@@ -1,17 +1,22 @@
-"""`POST /v1/responses`: the rules no schema can say, and the typed request read into a ChatRequest.
+"""POST /v1/responses: the stateless subset, over the same generator as chat completions.
 
 The generated `CreateResponse` refuses unknown fields, wrong types, unsupported values and
-out-of-range sampling itself (its errors are worded in responses_schema_errors). What stays here:
-`model` before everything, explicit nulls, function-call arguments that must hold a JSON object,
-image URLs, dropping the offline web_search tool, then the conversion shared with chat completions.
+out-of-range sampling itself (worded in responses_wording). What stays here: explicit nulls,
+function-call arguments that must hold a JSON object, image URLs, dropping the offline web_search
+tool, the conversion shared with chat completions (turns), and the handler.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from swama.engine.text.generator import ChatRequest
+from fastapi import Response
+from fastapi.responses import StreamingResponse
+
+from swama.engine.errors import EngineError
+from swama.engine.text.generator import ChatRequest, Finished
 from swama.generated.openai_models import (
     CreateResponse,
     ResponsesRequestFunctionCallItem,
@@ -20,45 +25,30 @@ from swama.generated.openai_models import (
     ResponsesRequestImagePart,
     ResponsesRequestMessageItem,
 )
-from swama.handlers.chat_request import Turn, chat_request, function_tool, json_object, sampling, tool_call
-from swama.handlers.dispatch import RouteRules
-from swama.handlers.images import ImageRef, valid_image_url
-from swama.handlers.responses_schema_errors import (
-    bad_json,
-    check_nulls,
-    malformed,
-    missing_model,
-    not_object,
-    schema_error,
-    unsupported,
+from swama.handlers.http.errors import ApiError
+from swama.handlers.http.pipeline import Call, route
+from swama.handlers.http.streaming import collect_or_cancel, start_stream
+from swama.handlers.media.images import ImageRef, valid_image_url
+from swama.handlers.routes.responses_render import (
+    SSE_HEADERS,
+    SSE_MEDIA_TYPE,
+    ResponseStream,
+    final_response,
+    sse_frame,
+)
+from swama.handlers.routes.responses_wording import ROUTE_RULES, check_nulls, malformed, unsupported
+from swama.handlers.routes.turns import (
+    Turn,
+    attach_images,
+    chat_request,
+    function_tool,
+    json_object,
+    sampling,
+    tool_call,
 )
 
 ROLES = {"user": "user", "developer": "system", "system": "system", "assistant": "assistant", "tool": "tool"}
 
-
-def before_model(data: dict[str, Any]) -> None:
-    # The route names a missing model before anything else, unknown fields included.
-    model = data.get("model")
-    if not isinstance(model, str) or not model:
-        raise missing_model()
-    # The generated models read 0 as `false` (Python's False == 0) where the schema allows only false.
-    for name in ("store", "background"):
-        if type(data.get(name, False)) in (int, float):
-            raise malformed(f"`{name}` must be a JSON boolean")
-
-
-# Every field the handler acts on or accepts with a local meaning; a field a spec change adds is
-# refused until it is listed here.
-FIELDS = frozenset({
-    "model", "input", "instructions", "stream", "temperature", "top_p", "max_output_tokens", "tools",
-    "tool_choice", "text", "truncation", "store", "background", "parallel_tool_calls", "client_metadata",
-    "prompt_cache_key", "reasoning", "include",
-})
-ROUTE_RULES = RouteRules(bad_json=bad_json, not_object=not_object, before_model=before_model,
-                         schema_error=schema_error, handled=FIELDS, unhandled=unsupported)
-
-
-# -- the typed request, read into what the generator runs ------------------------------------------
 
 @dataclass
 class ResponseRequest:
@@ -140,3 +130,36 @@ def response_request(request: CreateResponse, *, context_limit: int) -> Response
                            instructions=request.instructions, tools=echoed, tool_choice=tool_choice,
                            parallel_tool_calls=request.parallel_tool_calls, temperature=options.temperature,
                            top_p=options.top_p, max_output_tokens=max_tokens, images=images)
+
+
+# -- the handler -----------------------------------------------------------------------------------
+
+@route(ROUTE_RULES)
+async def create_response(call: Call, parsed: CreateResponse) -> Response | dict[str, Any]:
+    request = response_request(parsed, context_limit=call.settings.context_limit)
+    engine = call.engine
+    model_id = engine.resolve_language_model(request.model)
+    await attach_images(request.chat, request.images, engine.installed(model_id))
+    events = engine.chat(model_id, request.chat)
+    if request.stream:
+        events = await start_stream(events)  # errors before the first token stay plain HTTP errors
+        return StreamingResponse(_sse(request, events), media_type=SSE_MEDIA_TYPE, headers=SSE_HEADERS)
+    collected = [event async for event in collect_or_cancel(call.request, events)]
+    if not collected or not isinstance(collected[-1], Finished):
+        raise ApiError(499, "The client closed the request.", code="cancelled")
+    return final_response(request, collected)
+
+
+async def _sse(request: ResponseRequest, events: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+    stream = ResponseStream(request)
+    for frame in stream.start():
+        yield sse_frame(*frame)
+    try:
+        async for event in events:
+            for frame in stream.feed(event):
+                yield sse_frame(*frame)
+    except EngineError as exc:
+        for frame in stream.failed(exc.message):
+            yield sse_frame(*frame)
+    finally:
+        await events.aclose()

@@ -7,7 +7,7 @@ from typing import Any
 import pydantic
 from pydantic_core import ErrorDetails
 
-from swama.handlers.errors import ApiError, bad_request
+from swama.handlers.http.errors import ApiError, bad_request
 
 # Union member names pydantic adds to error locations.
 _TAGS = {"str", "bool", "int", "float", "list", "dict", "function-after", "function-before", "nullable"}

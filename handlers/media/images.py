@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import SplitResult, urljoin, urlsplit
 
-from swama.handlers.errors import ApiError
+from swama.handlers.http.errors import ApiError
 
 MiB = 1024 * 1024
 MAX_IMAGES = 4

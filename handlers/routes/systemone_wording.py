@@ -1,48 +1,36 @@
-"""POST /v1/systemone on the request pipeline: the route's wording for every refusal, the question
-views and the byte-exact response."""
+"""POST /v1/systemone: the route's exact wording for every refusal, in the route's check order.
+
+`SYSTEMONE_RULES` brings it to the request pipeline (Clef's routes reuse it): strict-JSON refusals
+in System One's words, numeric `enable_thinking` refused before the model, and the generated
+model's errors located where the user wrote them and reported in the route's check order."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import pydantic
 
-from swama.engine.decisions.scorer import (
-    DecisionError,
-    QuestionView,
-    ScoredAnswer,
-    check_choice_option_names,
-    noul_view,
-    systemone_choice_view,
-    systemone_score_view,
-)
 from swama.generated.systemone_models import (
     SystemOneChoiceQuestion,
     SystemOneNoulQuestion,
-    SystemOneRequest,
-    SystemOneRequestImages1,
     SystemOneScoreQuestion,
 )
-from swama.handlers.decision_rules import (
+from swama.handlers.http.errors import ApiError
+from swama.handlers.http.pipeline import RouteRules
+from swama.handlers.http.strict_json import JSONRule, StrictJSONError
+from swama.handlers.routes.decision_rules import (
     MAX_CHOICES,
     MAX_LEVELS,
     MIN_LEVELS,
     TAG_ERRORS,
     Fault,
     Path,
-    answer_is_sound,
     faults,
     length_bounds,
-    plain,
     refuse,
     with_lengths,
 )
-from swama.handlers.dispatch import RouteRules
-from swama.handlers.errors import ApiError
-from swama.handlers.images import Image, ImageRef, check_image, check_images, decode_base64, load_data_image
-from swama.handlers.strict_json import JSONRule, StrictJSONError
 
 INVALID_REQUEST_MESSAGE = "Invalid SystemOne request."
 NESTED_TOO_DEEPLY = "SystemOne JSON is nested too deeply."
@@ -50,7 +38,6 @@ BLANK_INSTRUCTIONS = (
     "Non-empty instructions are required on this decision backend. Supported bounds: a choice needs at "
     "least two options; a score takes 2 to 10 levels."
 )
-INVALID_ANSWER = "The model returned an invalid SystemOne answer."
 REFUSED_FIELDS = ("temperature", "prompt_format_version", "return_prompt_token_ids")
 
 Question = SystemOneNoulQuestion | SystemOneChoiceQuestion | SystemOneScoreQuestion
@@ -67,30 +54,6 @@ def _bad_json(error: StrictJSONError | None) -> ApiError:
 
 def _not_object(_: Any) -> ApiError:
     return refuse("The SystemOne request must be an object.")
-
-
-# The typed request --------------------------------------------------------------------------
-
-
-def questions_of(request: SystemOneRequest) -> Questions:
-    return [(question_id, question.root) for question_id, question in request.questions.items()]
-
-
-def check_questions(questions: Questions) -> None:
-    """The rule no schema can say: option names the prompt can tell apart."""
-    for _, question in questions:
-        if isinstance(question, SystemOneChoiceQuestion):
-            check_choice_option_names(list(question.criteria))
-
-
-def question_view(question: Question) -> QuestionView:
-    instructions = plain(question.instructions)
-    if isinstance(question, SystemOneChoiceQuestion):
-        return systemone_choice_view(instructions, list(question.criteria.items()))
-    if isinstance(question, SystemOneScoreQuestion):
-        return systemone_score_view(instructions, [plain(level) for level in question.criteria])
-    criteria = question.criteria
-    return noul_view(instructions, criteria and criteria.true, criteria and criteria.false)
 
 
 # Schema errors in the route's words and order ------------------------------------------------
@@ -277,63 +240,3 @@ SYSTEMONE_RULES = RouteRules(
     handled=frozenset({"model", "state", "questions", "images", "chat_template_kwargs", "video",
                        *REFUSED_FIELDS}),
 )
-
-
-# Response -----------------------------------------------------------------------------------
-
-_KINDS = {SystemOneNoulQuestion: "yes_no", SystemOneChoiceQuestion: "choice", SystemOneScoreQuestion: "score"}
-
-
-def _answer_json(question: Question, answer: ScoredAnswer) -> dict[str, Any]:
-    view_count = 2 if isinstance(question, SystemOneNoulQuestion) else len(question.criteria)
-    if not answer_is_sound(answer, _KINDS[type(question)], view_count):  # type: ignore[arg-type]
-        raise DecisionError(500, INVALID_ANSWER)
-    probabilities = [float(p) for p in answer.probabilities]
-    # A decision checkpoint's head scores only the answers: it has no label mass to report.
-    mass = {} if answer.mass is None else {"x_label_mass": float(answer.mass)}
-    if isinstance(question, SystemOneNoulQuestion):
-        return {"type": "noul", "noul": probabilities[0], **mass}
-    if isinstance(question, SystemOneChoiceQuestion):
-        names = list(question.criteria)
-        return {
-            "type": "choice",
-            "choice": names[answer.choice_index],
-            "confidence": float(answer.confidence),  # type: ignore[arg-type]
-            "probabilities": dict(zip(names, probabilities, strict=True)),
-            **mass,
-        }
-    return {
-        "type": "score",
-        "score": float(answer.score),  # type: ignore[arg-type]
-        "confidence": float(answer.confidence),  # type: ignore[arg-type]
-        "legend": {str(i): plain(level) for i, level in enumerate(question.criteria)},
-        "probabilities": {str(i): p for i, p in enumerate(probabilities)},
-        **mass,
-    }
-
-
-def render_systemone_response(
-    model: str, answers: Sequence[tuple[str, Question, ScoredAnswer]], input_tokens: int
-) -> bytes:
-    """The response body: answers keyed by question id in request order; no confidence on noul."""
-    body = {
-        "model": model,
-        "answers": {question_id: _answer_json(question, answer) for question_id, question, answer in answers},
-        "usage": {"input_tokens": input_tokens, "output_tokens": 0},
-    }
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
-
-
-def images_of(request: SystemOneRequest) -> list[Image]:
-    """Clef's `images`: data-URL strings or `{content_type, base64}` objects, each checked, then
-    the request-wide limits. Null and `[]` mean no images."""
-    images = []
-    for i, item in enumerate(request.images or []):
-        where = f"images[{i}]"
-        if isinstance(item, SystemOneRequestImages1):
-            data = decode_base64(item.base64, where)
-            images.append(check_image(data, where, item.content_type.value))
-        else:
-            images.append(load_data_image(ImageRef(where, item.root)))
-    check_images(images)
-    return images

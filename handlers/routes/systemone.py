@@ -8,25 +8,39 @@ from typing import Any
 from fastapi import Response
 
 from swama.engine.decisions.decide import DecisionJob
-from swama.engine.decisions.scorer import render_text
+from swama.engine.decisions.scorer import (
+    QuestionView,
+    check_choice_option_names,
+    noul_view,
+    render_text,
+    systemone_choice_view,
+    systemone_score_view,
+)
 from swama.engine.errors import EngineError
 from swama.engine.files.store import InstalledModel, ModelStore
 from swama.engine.kinds import DECISION
-from swama.generated.systemone_models import SystemOneRequest
-from swama.handlers.dispatch import Call, route
-from swama.handlers.errors import ApiError
-from swama.handlers.images import open_images
-from swama.handlers.settings import Settings
-from swama.handlers.streaming import collect_or_cancel
-from swama.handlers.systemone_wire import (
-    SYSTEMONE_RULES,
-    Questions,
-    check_questions,
-    images_of,
-    question_view,
-    questions_of,
-    render_systemone_response,
+from swama.generated.systemone_models import (
+    SystemOneChoiceQuestion,
+    SystemOneRequest,
+    SystemOneRequestImages1,
+    SystemOneScoreQuestion,
 )
+from swama.handlers.http.errors import ApiError
+from swama.handlers.http.pipeline import Call, route
+from swama.handlers.http.settings import Settings
+from swama.handlers.http.streaming import collect_or_cancel
+from swama.handlers.media.images import (
+    Image,
+    ImageRef,
+    check_image,
+    check_images,
+    decode_base64,
+    load_data_image,
+    open_images,
+)
+from swama.handlers.routes.decision_rules import plain
+from swama.handlers.routes.systemone_render import render_systemone_response
+from swama.handlers.routes.systemone_wording import SYSTEMONE_RULES, Question, Questions
 
 # Model names System One clients send by default; they mean "the server's model".
 SDK_DEFAULT_MODELS = {"jev-latest"}
@@ -90,3 +104,42 @@ async def _on_checkpoint(call: Call, request: SystemOneRequest, model: Installed
     result = await call.engine.predict_checkpoint(model.id, request.state, specs, images)
     answers = [(qid, q, scored) for (qid, q), scored in zip(questions, result.answers, strict=True)]
     return render_systemone_response(model.id, answers, result.input_tokens)
+
+
+# The typed request --------------------------------------------------------------------------
+
+
+def questions_of(request: SystemOneRequest) -> Questions:
+    return [(question_id, question.root) for question_id, question in request.questions.items()]
+
+
+def check_questions(questions: Questions) -> None:
+    """The rule no schema can say: option names the prompt can tell apart."""
+    for _, question in questions:
+        if isinstance(question, SystemOneChoiceQuestion):
+            check_choice_option_names(list(question.criteria))
+
+
+def question_view(question: Question) -> QuestionView:
+    instructions = plain(question.instructions)
+    if isinstance(question, SystemOneChoiceQuestion):
+        return systemone_choice_view(instructions, list(question.criteria.items()))
+    if isinstance(question, SystemOneScoreQuestion):
+        return systemone_score_view(instructions, [plain(level) for level in question.criteria])
+    criteria = question.criteria
+    return noul_view(instructions, criteria and criteria.true, criteria and criteria.false)
+
+
+def images_of(request: SystemOneRequest) -> list[Image]:
+    """Clef's `images`: data-URL strings or `{content_type, base64}` objects, each checked, then
+    the request-wide limits. Null and `[]` mean no images."""
+    images = []
+    for i, item in enumerate(request.images or []):
+        where = f"images[{i}]"
+        if isinstance(item, SystemOneRequestImages1):
+            data = decode_base64(item.base64, where)
+            images.append(check_image(data, where, item.content_type.value))
+        else:
+            images.append(load_data_image(ImageRef(where, item.root)))
+    check_images(images)
+    return images

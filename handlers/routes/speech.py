@@ -21,11 +21,11 @@ from swama.engine.errors import EngineError
 from swama.engine.kinds import TEXT_TO_SPEECH
 from swama.engine.kinds.speech import NO_SPEECH, Segment, voices_of
 from swama.generated.openai_models import CreateSpeechRequest
-from swama.handlers.dispatch import Call, RouteRules, route
-from swama.handlers.errors import ApiError, bad_request
+from swama.handlers.http.errors import ApiError, bad_request
+from swama.handlers.http.pipeline import Call, RouteRules, route
+from swama.handlers.http.schema_errors import openai_schema_error, user_path
+from swama.handlers.http.streaming import collect_or_cancel
 from swama.handlers.media.audio_encode import FORMATS, MEDIA_TYPES, Encoder
-from swama.handlers.streaming import collect_or_cancel
-from swama.handlers.validation import openai_schema_error, user_path
 
 log = logging.getLogger("swama")
 

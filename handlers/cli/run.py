@@ -16,8 +16,8 @@ from swama.engine.files.store import ModelStore
 from swama.engine.kinds import DECISION, EMBEDDING, SPEECH_TO_TEXT, TEXT_TO_SPEECH
 from swama.engine.serving.engine import Engine, EngineOptions
 from swama.engine.text.generator import ChatRequest, Finished, Sampling, TextDelta
-from swama.handlers.images import Image, ImageError, check_image, check_images, data_url, open_images
-from swama.handlers.settings import Settings
+from swama.handlers.http.settings import Settings
+from swama.handlers.media.images import Image, ImageError, check_image, check_images, data_url, open_images
 
 
 def server_url(args: argparse.Namespace) -> str | None:

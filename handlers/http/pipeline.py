@@ -31,10 +31,10 @@ from starlette.requests import ClientDisconnect
 
 from swama.engine.decisions.scorer import DecisionError
 from swama.engine.errors import EngineError
-from swama.handlers.errors import ApiError, bad_request, error_body
-from swama.handlers.settings import Settings
-from swama.handlers.strict_json import StrictJSONError, parse_strict_json
-from swama.handlers.validation import openai_schema_error
+from swama.handlers.http.errors import ApiError, bad_request, error_body
+from swama.handlers.http.schema_errors import openai_schema_error
+from swama.handlers.http.settings import Settings
+from swama.handlers.http.strict_json import StrictJSONError, parse_strict_json
 
 log = logging.getLogger("swama")
 

@@ -26,7 +26,7 @@ HEADERS = {"Content-Security-Policy": CSP, "Cache-Control": "no-cache", "X-Conte
 
 
 def asset(name: str) -> bytes:
-    return resources.files("swama.handlers").joinpath("ui_assets", name).read_bytes()
+    return resources.files("swama.handlers.http").joinpath("playground_assets", name).read_bytes()
 
 
 def _serve(name: str) -> Response:

@@ -8,8 +8,8 @@ from typing import Any
 from swama.engine.files import aliases
 from swama.engine.kinds import EMBEDDING
 from swama.generated.openai_models import CreateEmbeddingRequest
-from swama.handlers.dispatch import Call, RouteRules, route
-from swama.handlers.errors import bad_request
+from swama.handlers.http.errors import bad_request
+from swama.handlers.http.pipeline import Call, RouteRules, route
 
 NO_INPUT = "No valid input provided"
 EMPTY_INPUT = "Embedding inputs must be non-empty."

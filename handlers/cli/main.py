@@ -9,8 +9,8 @@ import os
 import sys
 
 from swama.engine.text.generator import DEFAULT_TEMPERATURE
-from swama.handlers.settings import DEFAULT_PORT, Settings
-from swama.handlers.version import package_version
+from swama.handlers.http.settings import DEFAULT_PORT, Settings
+from swama.handlers.http.version import package_version
 
 log = logging.getLogger("swama")
 
@@ -27,7 +27,7 @@ def _exposed(host: str) -> bool:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from swama.handlers.app import create_app
+    from swama.handlers.http.app import create_app
 
     settings = Settings()
     if args.host is not None:
@@ -171,13 +171,13 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from swama.handlers.run import run
+    from swama.handlers.cli.run import run
 
     return run(args)
 
 
 def cmd_transcribe(args: argparse.Namespace) -> int:
-    from swama.handlers.transcribe import transcribe
+    from swama.handlers.cli.transcribe import transcribe
 
     return transcribe(args)
 
@@ -394,6 +394,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,8 @@
-"""POST /v1/decisions on the request pipeline: the route's wording for every refusal, the rules no
-schema can say, the question views and the byte-exact response."""
+"""POST /v1/decisions: the route's exact wording for every refusal, in the route's check order.
+
+`DECISION_RULES` brings it to the request pipeline: the old SGLang shape refused by name, schema
+errors of the generated model located where the user wrote them and reported in check order, and
+the rules no schema can say about question names and choice values (`question_problem`)."""
 
 from __future__ import annotations
 
@@ -9,28 +12,20 @@ from typing import Any
 
 import pydantic
 
-from swama.engine.decisions.scorer import (
-    DecisionError,
-    QuestionView,
-    ScoredAnswer,
-    check_choice_option_names,
-    decision_choice_view,
-    decision_score_view,
-    predicate_view,
-)
 from swama.generated.decisions_models import (
     DecisionChoiceOption,
     DecisionChoiceQuestion,
     DecisionCreateRequest,
     DecisionInputImage,
-    DecisionInputMessage,
     DecisionInputText,
     DecisionPredicateQuestion,
     DecisionQuestion,
     DecisionScoreLevel,
     DecisionScoreQuestion,
 )
-from swama.handlers.decision_rules import (
+from swama.handlers.http.errors import ApiError
+from swama.handlers.http.pipeline import RouteRules
+from swama.handlers.routes.decision_rules import (
     MAX_CHOICES,
     MAX_LEVELS,
     MAX_QUESTIONS,
@@ -39,15 +34,11 @@ from swama.handlers.decision_rules import (
     TAG_ERRORS,
     Fault,
     Path,
-    answer_is_sound,
     faults,
     length_bounds,
     refuse,
     with_lengths,
 )
-from swama.handlers.dispatch import RouteRules
-from swama.handlers.errors import ApiError
-from swama.handlers.images import ImageRef
 
 MAX_SAFETY_IDENTIFIER = 128
 
@@ -56,9 +47,6 @@ SGLANG_SHAPE_REMOVED = (
     "The SGLang prompt format 1 request shape was removed from /v1/decisions; send the OpenAI "
     "Decisions format (questions with type, name and instructions)."
 )
-INVALID_ANSWER = "The model returned an invalid decision answer."
-INVALID_CHOICE_ANSWER = "The model returned an invalid choice answer."
-INVALID_SCORE_ANSWER = "The model returned an invalid score answer."
 
 Question = DecisionPredicateQuestion | DecisionChoiceQuestion | DecisionScoreQuestion
 
@@ -79,7 +67,7 @@ def refuse_sglang_shape(data: dict[str, Any]) -> None:
         raise refuse(SGLANG_SHAPE_REMOVED)
 
 
-# Rules on the typed request ---------------------------------------------------------------
+# Question names and choice values -----------------------------------------------------------
 
 
 def _value_json(value: str | bool) -> str:
@@ -100,7 +88,7 @@ def _choice_value_problem(where: str, choices: Sequence[DecisionChoiceOption], c
     return None
 
 
-def _question_problem(questions: Sequence[Question]) -> str | None:
+def question_problem(questions: Sequence[Question]) -> str | None:
     """The first rule the questions break, in the route's order: per question an explicit null
     name, its choice values, then its name against the names before it."""
     names: set[str] = set()
@@ -116,48 +104,6 @@ def _question_problem(questions: Sequence[Question]) -> str | None:
                 return f"Duplicate question name '{question.name}'."
             names.add(question.name)
     return None
-
-
-def questions_of(request: DecisionCreateRequest) -> list[Question]:
-    return [q.root for q in request.questions]
-
-
-def check_questions(questions: Sequence[Question]) -> None:
-    """The rules no schema can say, after the model: names, choice values, option names."""
-    problem = _question_problem(questions)
-    if problem:
-        raise refuse(problem)
-    for question in questions:
-        if isinstance(question, DecisionChoiceQuestion):
-            check_choice_option_names(question_view(question).option_names)
-
-
-def input_of(value: str | list[DecisionInputMessage]) -> tuple[str, list[ImageRef]]:
-    """Every input text joined with newlines, and the image parts in order."""
-    if isinstance(value, str):
-        return value, []
-    texts: list[str] = []
-    images: list[ImageRef] = []
-    for i, message in enumerate(value):
-        if isinstance(message.content, str):
-            texts.append(message.content)
-            continue
-        for j, part in enumerate(message.content):
-            if isinstance(part.root, DecisionInputText):
-                texts.append(part.root.text)
-            else:
-                detail = part.root.detail.value if part.root.detail is not None else None
-                images.append(ImageRef(f"input[{i}].content[{j}]", part.root.image_url, detail))
-    return "\n".join(texts), images
-
-
-def question_view(question: Question) -> QuestionView:
-    if isinstance(question, DecisionChoiceQuestion):
-        return decision_choice_view(question.instructions,
-                                    [(c.value.root, c.description) for c in question.choices])
-    if isinstance(question, DecisionScoreQuestion):
-        return decision_score_view(question.instructions, [(lv.label, lv.description) for lv in question.levels])
-    return predicate_view(question.instructions)
 
 
 # Schema errors in the route's words and order ------------------------------------------------
@@ -258,7 +204,7 @@ def _earlier_rule(path: Path, data: dict[str, Any]) -> str | None:
         return None
     index, raw = path[1], data["questions"]
     try:
-        problem = _question_problem([DecisionQuestion.model_validate(q).root for q in raw[:index]])
+        problem = question_problem([DecisionQuestion.model_validate(q).root for q in raw[:index]])
         if problem:
             return problem
         question = raw[index]
@@ -293,65 +239,3 @@ DECISION_RULES = RouteRules(
     handled=frozenset({"model", "input", "questions", "safety_identifier"}),  # safety_identifier: ignored
     unhandled=lambda name: refuse(f"Unknown decision field '{name}'."),
 )
-
-
-# Response -----------------------------------------------------------------------------------
-
-
-def _answer_json(question: Question, answer: ScoredAnswer) -> dict[str, Any]:
-    probabilities = [float(p) for p in answer.probabilities]
-    if isinstance(question, DecisionPredicateQuestion):
-        if not answer_is_sound(answer, "yes_no", 2):
-            raise DecisionError(500, INVALID_ANSWER)
-        return {"type": "predicate", "name": question.name, "probability": probabilities[0]}
-    if isinstance(question, DecisionChoiceQuestion):
-        if not answer_is_sound(answer, "choice", len(question.choices)):
-            raise DecisionError(500, INVALID_CHOICE_ANSWER)
-        return {
-            "type": "choice",
-            "name": question.name,
-            "choice": question.choices[answer.choice_index].value.root,
-            "probabilities": [
-                {"value": choice.value.root, "probability": p}
-                for choice, p in zip(question.choices, probabilities, strict=True)
-            ],
-            "confidence": float(answer.confidence),  # type: ignore[arg-type]
-        }
-    if not answer_is_sound(answer, "score", len(question.levels)):
-        raise DecisionError(500, INVALID_SCORE_ANSWER)
-    return {
-        "type": "score",
-        "name": question.name,
-        "score": float(answer.score),  # type: ignore[arg-type]
-        "probabilities": [
-            {"value": i, "label": level.label, "probability": p}
-            for i, (level, p) in enumerate(zip(question.levels, probabilities, strict=True))
-        ],
-        "confidence": float(answer.confidence),  # type: ignore[arg-type]
-    }
-
-
-LABEL_MASS_HEADER = "X-Swama-Label-Mass"
-
-
-def label_masses(answers: Sequence[ScoredAnswer]) -> str:
-    """Comma-separated label masses in answer order ("null" where the model reports none)."""
-    return ",".join("null" if a.mass is None else repr(float(a.mass)) for a in answers)
-
-
-def render_decision_response(
-    model: str, answers: Sequence[tuple[Question, ScoredAnswer]], input_tokens: int
-) -> bytes:
-    """The response body: answers in question order, ``name`` null when absent, typed values."""
-    body = {
-        "model": model,
-        "answers": [_answer_json(question, answer) for question, answer in answers],
-        "usage": {
-            "input_tokens": input_tokens,
-            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-            "output_tokens": 0,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": input_tokens,
-        },
-    }
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")

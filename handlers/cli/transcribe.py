@@ -13,10 +13,11 @@ from swama.engine.errors import EngineError
 from swama.engine.files.sources import pull
 from swama.engine.files.store import ModelStore
 from swama.engine.kinds import SPEECH_TO_TEXT
+from swama.handlers.cli.run import server_url
+from swama.handlers.http.settings import Settings
 from swama.handlers.media.audio_decode import AudioDecodeError, decode_audio
-from swama.handlers.run import server_url
-from swama.handlers.settings import Settings
-from swama.handlers.transcriptions import parse_language, render
+from swama.handlers.routes.transcriptions import parse_language
+from swama.handlers.routes.transcriptions_render import render
 
 DEFAULT_MODEL = "whisper-tiny.en"
 FORMATS = {"text": "text", "json": "json", "verbose": "verbose_json", "srt": "srt", "vtt": "vtt"}
@@ -98,7 +99,7 @@ def _in_process(args: argparse.Namespace, data: bytes, store: ModelStore, model:
 
 
 def transcribe(args: argparse.Namespace) -> int:
-    from swama.handlers.errors import ApiError
+    from swama.handlers.http.errors import ApiError
 
     try:
         data = Path(args.file).read_bytes()

@@ -13,11 +13,13 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from swama.engine.text.generator import Event, Finished, TextDelta, ToolCallEvent
 from swama.engine.text.tool_calls import ToolCall
-from swama.handlers.responses_rules import ResponseRequest
+
+if TYPE_CHECKING:  # the request module imports this one to answer
+    from swama.handlers.routes.responses import ResponseRequest
 
 Frame = tuple[str, dict[str, Any]]
 

@@ -17,12 +17,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from swama.engine.serving.engine import Engine, EngineOptions
 from swama.generated.routes import OPERATIONS, router
-from swama.handlers.errors import ApiError, error_body
-from swama.handlers.observability import AccessMiddleware, Metrics
-from swama.handlers.settings import Settings
-from swama.handlers.systemone import default_model_of
-from swama.handlers.ui import mount_playground
-from swama.handlers.version import package_version
+from swama.handlers.http.errors import ApiError, error_body
+from swama.handlers.http.observability import AccessMiddleware, Metrics
+from swama.handlers.http.playground import mount_playground
+from swama.handlers.http.settings import Settings
+from swama.handlers.http.version import package_version
+from swama.handlers.routes.systemone import default_model_of
 
 SPEC_FILES = ("openai.yaml", "decisions.yaml", "systemone.yaml", "workers_ai.yaml")
 

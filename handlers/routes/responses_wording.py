@@ -16,8 +16,9 @@ from typing import Any
 import pydantic
 
 from swama.engine.text.generator import OUT_OF_RANGE
-from swama.handlers.errors import ApiError
-from swama.handlers.strict_json import StrictJSONError
+from swama.handlers.http.errors import ApiError
+from swama.handlers.http.pipeline import RouteRules
+from swama.handlers.http.strict_json import StrictJSONError
 
 # -- errors ----------------------------------------------------------------------------------------
 
@@ -393,3 +394,25 @@ def check_nulls(request: pydantic.BaseModel) -> None:
         raise first_error(faults)
 
 
+# -- the route's rules -------------------------------------------------------------------------------
+
+def before_model(data: dict[str, Any]) -> None:
+    # The route names a missing model before anything else, unknown fields included.
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise missing_model()
+    # The generated models read 0 as `false` (Python's False == 0) where the schema allows only false.
+    for name in ("store", "background"):
+        if type(data.get(name, False)) in (int, float):
+            raise malformed(f"`{name}` must be a JSON boolean")
+
+
+# Every field the handler acts on or accepts with a local meaning; a field a spec change adds is
+# refused until it is listed here.
+FIELDS = frozenset({
+    "model", "input", "instructions", "stream", "temperature", "top_p", "max_output_tokens", "tools",
+    "tool_choice", "text", "truncation", "store", "background", "parallel_tool_calls", "client_metadata",
+    "prompt_cache_key", "reasoning", "include",
+})
+ROUTE_RULES = RouteRules(bad_json=bad_json, not_object=not_object, before_model=before_model,
+                         schema_error=schema_error, handled=FIELDS, unhandled=unsupported)

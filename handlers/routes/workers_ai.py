@@ -13,11 +13,11 @@ from swama.engine.errors import EngineError
 from swama.engine.files.store import InstalledModel
 from swama.generated.systemone_models import SystemOneRequest
 from swama.generated.workers_ai_models import WorkersAiClefFlashRequest, WorkersAiClefRequest
-from swama.handlers.decision_rules import faults, refuse
-from swama.handlers.dispatch import Call, RouteRules, route
-from swama.handlers.errors import ApiError
-from swama.handlers.systemone import answer, server_default_model
-from swama.handlers.systemone_wire import SYSTEMONE_RULES
+from swama.handlers.http.errors import ApiError
+from swama.handlers.http.pipeline import Call, RouteRules, route
+from swama.handlers.routes.decision_rules import faults, refuse
+from swama.handlers.routes.systemone import answer, server_default_model
+from swama.handlers.routes.systemone_wording import SYSTEMONE_RULES
 
 ClefRequest = WorkersAiClefRequest | WorkersAiClefFlashRequest
 MAX_QUESTIONS = WorkersAiClefRequest.model_json_schema()["properties"]["questions"]["maxProperties"]

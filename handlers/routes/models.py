@@ -10,8 +10,8 @@ import datetime as dt
 from typing import Any
 
 from swama.engine.files.store import InstalledModel, list_installed
-from swama.handlers.dispatch import Call, route
-from swama.handlers.systemone import SDK_DEFAULT_MODELS, server_default_model
+from swama.handlers.http.pipeline import Call, route
+from swama.handlers.routes.systemone import SDK_DEFAULT_MODELS, server_default_model
 
 
 def _day(created: int) -> str:

@@ -1,0 +1,150 @@
+"""POST /v1/chat/completions: OpenAI chat completions over the shared generator.
+
+The typed request is read into the generator's `ChatRequest` through the turns chat and responses
+share; chat_wording words its refusals, chat_render shapes the completion and its chunks."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import pydantic
+from fastapi import Response
+from fastapi.responses import StreamingResponse
+
+from swama.engine.text.generator import ChatRequest, Finished, TextDelta, ToolCallEvent
+from swama.generated.openai_models import ChatCompletionTool, CreateChatCompletionRequest
+from swama.handlers.http.errors import ApiError, bad_request
+from swama.handlers.http.pipeline import Call, route
+from swama.handlers.http.streaming import collect_or_cancel, start_stream
+from swama.handlers.media.images import ImageRef, valid_image_url
+from swama.handlers.routes.chat_render import chunks, completion
+from swama.handlers.routes.chat_wording import CHAT_ROLES, RULES
+from swama.handlers.routes.turns import (
+    Turn,
+    attach_images,
+    chat_request,
+    function_tool,
+    image_refs,
+    json_object,
+    sampling,
+    tool_call,
+)
+
+
+def _value(node: Any) -> Any:
+    """A generated RootModel's value (the generator wraps `X | null` fields in one)."""
+    return node.root if isinstance(node, pydantic.RootModel) else node
+
+
+def _parts(content: Any, where: str) -> list[str | ImageRef]:
+    content = _value(content)
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [content]
+    parts: list[str | ImageRef] = []
+    for j, part in enumerate(_value(p) for p in content):
+        kind = str(part.type)
+        if kind == "text":
+            parts.append(part.text)
+        elif kind == "refusal":  # an assistant turn's refusal is what it said
+            parts.append(part.refusal)
+        elif kind == "image_url":
+            url = str(part.image_url.url)
+            if not valid_image_url(url):
+                raise bad_request("Invalid image URL", code="invalid_image", param=f"{where}.content.{j}")
+            parts.append(ImageRef(f"{where}.content.{j}", url))
+        else:
+            raise bad_request(f"Content part type '{kind}' is not supported by this server.",
+                              code="unsupported_content", param=f"{where}.content.{j}")
+    return parts
+
+
+def _tool_calls(message: Any, where: str) -> list[dict[str, Any]]:
+    calls = []
+    for k, entry in enumerate(_value(message.tool_calls) or []):
+        call = _value(entry)
+        fn = getattr(call, "function", None)
+        name = fn.name if fn is not None else ""
+        arguments = json_object(fn.arguments) if fn is not None else None
+        if arguments is None:
+            raise bad_request(f"Tool '{name}' requires JSON object arguments or parameters",
+                              param=f"{where}.tool_calls.{k}")
+        calls.append(tool_call(call.id, name, arguments))
+    return calls
+
+
+def turns_from(messages: list[Any]) -> list[Turn]:
+    turns = []
+    for i, entry in enumerate(messages):
+        message = _value(entry)
+        role = str(message.role)
+        if role not in ("system", "user", "assistant", "tool", "developer"):
+            raise bad_request(f"Invalid role: {role}. {CHAT_ROLES}", param=f"messages.{i}.role")
+        turn = Turn("system" if role == "developer" else role, _parts(message.content, f"messages.{i}"))
+        if role == "assistant":
+            turn.tool_calls = _tool_calls(message, f"messages.{i}")
+        if role == "tool":
+            turn.tool_call_id = message.tool_call_id
+        turns.append(turn)
+    return turns
+
+
+def tools_from(tools: list[ChatCompletionTool] | None) -> list[dict[str, Any]]:
+    out = []
+    for i, tool in enumerate(tools or []):
+        fn = tool.function
+        if not fn.name:
+            raise bad_request("Tools require a name and an object parameter schema.", param=f"tools.{i}")
+        params = fn.parameters.model_dump() if fn.parameters is not None else None
+        out.append(function_tool(fn.name, fn.description, params))
+    return out
+
+
+def request_from(request: CreateChatCompletionRequest, context_limit: int) -> tuple[ChatRequest, list[ImageRef]]:
+    stop = _value(request.stop)
+    stop = [stop] if isinstance(stop, str) else list(_value(stop) or [])
+    max_tokens = _value(request.max_completion_tokens)
+    if max_tokens is None:
+        max_tokens = _value(request.max_tokens)
+    options = sampling(
+        temperature=_value(request.temperature), top_p=_value(request.top_p), top_k=request.top_k,
+        min_p=request.min_p, repetition_penalty=_value(request.repetition_penalty),
+        repetition_context_size=request.repetition_context_size,
+        presence_penalty=_value(request.presence_penalty), frequency_penalty=_value(request.frequency_penalty),
+        seed=request.seed)
+    choice = _value(request.tool_choice)
+    turns = turns_from(request.messages)
+    chat = chat_request(turns, sampling=options, max_tokens=max_tokens, stop=stop,
+                        tools=tools_from(request.tools), tool_choice=choice if isinstance(choice, str) else None,
+                        context_limit=request.context_limit or context_limit)
+    return chat, image_refs(turns)
+
+
+@route(RULES)
+async def create_chat_completion(call: Call, parsed: CreateChatCompletionRequest) -> Response | dict[str, Any]:
+    engine = call.engine
+    request, images = request_from(parsed, call.settings.context_limit)
+    model = str(_value(parsed.model))
+    model_id = engine.resolve_language_model(model)
+    await attach_images(request, images, engine.installed(model_id))
+    ident, created = f"chatcmpl-{uuid.uuid4()}", int(time.time())
+    events = engine.chat(model_id, request)
+    if parsed.stream:
+        # Errors found before the first token (context limit, template) still get a plain 4xx.
+        events = await start_stream(events)
+        return StreamingResponse(chunks(events, ident, created, model), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    text, calls, done = [], [], None
+    async for event in collect_or_cancel(call.request, events):
+        if isinstance(event, TextDelta):
+            text.append(event.text)
+        elif isinstance(event, ToolCallEvent):
+            calls.append(event.call)
+        elif isinstance(event, Finished):
+            done = event
+    if done is None:
+        raise ApiError(499, "The client closed the request.", code="cancelled")
+    return completion(ident, created, model, "".join(text), calls, done)

@@ -1,0 +1,58 @@
+"""POST /v1/chat/completions: the completion object and its stream of chunks."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from swama.engine.errors import EngineError
+from swama.engine.text.generator import Finished, TextDelta, ToolCallEvent
+
+
+def _wire_call(index: int, call: Any) -> dict[str, Any]:
+    return {"index": index, "id": call.id, "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def _usage(done: Finished) -> dict[str, Any]:
+    return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
+            "total_tokens": done.prompt_tokens + done.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": done.cached_tokens}}
+
+
+def completion(ident: str, created: int, model: str, text: str, calls: list[Any], done: Finished) -> dict[str, Any]:
+    """The non-streaming chat.completion object."""
+    message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+    if calls:
+        message["tool_calls"] = [_wire_call(i, c) for i, c in enumerate(calls)]
+        for c in message["tool_calls"]:
+            c.pop("index")
+    return {"id": ident, "object": "chat.completion", "created": created, "model": model,
+            "choices": [{"index": 0, "message": message, "finish_reason": done.finish_reason,
+                         "logprobs": None}],
+            "usage": _usage(done)}
+
+
+async def chunks(events: AsyncIterator[Any], ident: str, created: int, model: str) -> AsyncIterator[bytes]:
+    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+        body = {"id": ident, "object": "chat.completion.chunk", "created": created, "model": model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}], **extra}
+        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n".encode()
+
+    yield chunk({"role": "assistant", "content": ""})
+    index = 0
+    try:
+        async for event in events:
+            if isinstance(event, TextDelta):
+                yield chunk({"content": event.text})
+            elif isinstance(event, ToolCallEvent):
+                yield chunk({"tool_calls": [_wire_call(index, event.call)]})
+                index += 1
+            elif isinstance(event, Finished):
+                yield chunk({}, event.finish_reason, usage=_usage(event))
+    except EngineError as exc:
+        yield chunk({}, "error", error={"message": exc.message, "type": "request_error"})
+    finally:
+        await events.aclose()
+    yield b"data: [DONE]\n\n"

@@ -1,0 +1,99 @@
+"""POST /v1/decisions: the OpenAI Decisions shape over the shared label scorer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from fastapi import Response
+
+from swama.engine.decisions.decide import DecisionJob
+from swama.engine.decisions.scorer import (
+    DecisionError,
+    QuestionView,
+    check_choice_option_names,
+    decision_choice_view,
+    decision_score_view,
+    predicate_view,
+)
+from swama.engine.kinds import DECISION
+from swama.generated.decisions_models import (
+    DecisionChoiceQuestion,
+    DecisionCreateRequest,
+    DecisionInputMessage,
+    DecisionInputText,
+    DecisionScoreQuestion,
+)
+from swama.handlers.http.errors import ApiError
+from swama.handlers.http.pipeline import Call, route
+from swama.handlers.http.streaming import collect_or_cancel
+from swama.handlers.media.images import ImageRef, all_low_detail, load_data_images, open_images
+from swama.handlers.routes.decision_rules import refuse
+from swama.handlers.routes.decisions_render import LABEL_MASS_HEADER, label_masses, render_decision_response
+from swama.handlers.routes.decisions_wording import DECISION_RULES, Question, question_problem
+
+
+@route(DECISION_RULES)
+async def create_decision(call: Call, request: DecisionCreateRequest) -> Response:
+    questions = questions_of(request)
+    check_questions(questions)
+    model = call.engine.installed(request.model)  # 404 before any other work
+    text, refs = input_of(request.input)
+    images = load_data_images(refs)
+    if model.kind == DECISION:
+        raise DecisionError(400, f"Model '{model.id}' is a decision checkpoint: it answers System One questions "
+                                 "on /v1/systemone, not /v1/decisions.")
+    call.engine.require_language_model(model)
+    job = DecisionJob(text, [question_view(q) for q in questions], context_limit=call.settings.context_limit,
+                      images=open_images(images), low_detail=all_low_detail(images))
+    async for result in collect_or_cancel(call.request, call.engine.decide(model.id, job)):
+        body = render_decision_response(request.model, list(zip(questions, result.answers, strict=True)),
+                                        result.input_tokens)
+        # Outside the wire body (which follows the OpenAI shape exactly): each answer's label mass,
+        # the labels' probability against the whole vocabulary, for the playground and the curious.
+        return Response(body, media_type="application/json", headers={LABEL_MASS_HEADER: label_masses(result.answers)})
+    raise ApiError(499, "The client closed the request.", code="cancelled")
+
+
+# The typed request ------------------------------------------------------------------------
+
+
+def questions_of(request: DecisionCreateRequest) -> list[Question]:
+    return [q.root for q in request.questions]
+
+
+def check_questions(questions: Sequence[Question]) -> None:
+    """The rules no schema can say, after the model: names, choice values, option names."""
+    problem = question_problem(questions)
+    if problem:
+        raise refuse(problem)
+    for question in questions:
+        if isinstance(question, DecisionChoiceQuestion):
+            check_choice_option_names(question_view(question).option_names)
+
+
+def input_of(value: str | list[DecisionInputMessage]) -> tuple[str, list[ImageRef]]:
+    """Every input text joined with newlines, and the image parts in order."""
+    if isinstance(value, str):
+        return value, []
+    texts: list[str] = []
+    images: list[ImageRef] = []
+    for i, message in enumerate(value):
+        if isinstance(message.content, str):
+            texts.append(message.content)
+            continue
+        for j, part in enumerate(message.content):
+            if isinstance(part.root, DecisionInputText):
+                texts.append(part.root.text)
+            else:
+                detail = part.root.detail.value if part.root.detail is not None else None
+                images.append(ImageRef(f"input[{i}].content[{j}]", part.root.image_url, detail))
+    return "\n".join(texts), images
+
+
+def question_view(question: Question) -> QuestionView:
+    if isinstance(question, DecisionChoiceQuestion):
+        return decision_choice_view(question.instructions,
+                                    [(c.value.root, c.description) for c in question.choices])
+    if isinstance(question, DecisionScoreQuestion):
+        return decision_score_view(question.instructions, [(lv.label, lv.description) for lv in question.levels])
+    return predicate_view(question.instructions)
