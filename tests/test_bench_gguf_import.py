@@ -7,7 +7,7 @@ from pathlib import Path
 from gguf import GGMLQuantizationType as Q
 from gguf_models import matrices_as, source_weights, write_gguf
 
-from swama.tools import bench_gguf_import
+from tools.bench import gguf_import as bench_gguf_import
 
 
 def test_before_and_after_are_measured(tmp_path: Path) -> None:

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from precision import BF16_TINY_PROBABILITY, DTYPE_NAME, tol
 
-from swama.tools import bench_gpu
-from swama.tools.bench_common import write_section
-from swama.tools.bench_decisions import AGREEMENT_BOUND
-from swama.tools.build_tiny_model import (
+from tools.bench import gpu as bench_gpu
+from tools.bench.common import write_section
+from tools.bench.decisions import AGREEMENT_BOUND
+from tools.testmodels.tiny import (
     parameter_count,
     parameter_shapes,
     shaped_config,
@@ -63,7 +63,7 @@ def test_tiny_parts_make_their_tables(smollm2_dir: Path, tmp_path: Path) -> None
         "--shapes", "tiny", "--parts", "matmul,prefill,decisions", "--donor", str(smollm2_dir),
         "--models-dir", str(tmp_path / "models"), "--torch-python", str(tmp_path / "no-python"), "--runs", "1",
         "--prefill-tokens", "256", "--prefill-steps", "64,256", "--questions", "8", "--matmul-size", "256"])
-    results = bench_gpu.collect(args, "python -m swama.tools.bench_gpu --shapes tiny")
+    results = bench_gpu.collect(args, "python -m tools.bench.gpu --shapes tiny")
 
     assert results.matmul["MLX"].ok and results.ceiling > 0
     cell = results.prefill[("tiny", 256)]
@@ -81,4 +81,4 @@ def test_tiny_parts_make_their_tables(smollm2_dir: Path, tmp_path: Path) -> None
     assert "| tiny Qwen3 | 256 | swama, 64-token chunks |" in text
     assert "| swama, suffixes in one batched pass (`score_batch`) |" in text
     assert "not measured: could not start" in text
-    assert "python -m swama.tools.bench_gpu --shapes tiny" in text
+    assert "python -m tools.bench.gpu --shapes tiny" in text

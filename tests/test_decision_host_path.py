@@ -30,7 +30,7 @@ from swama.engine.decisions.scorer.batch_encode import (
     shared_cut,
 )
 from swama.engine.model import LoadedModel, load_language_model
-from swama.tools.build_tiny_model import build_tiny_model
+from tools.testmodels.tiny import build_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from swama.engine.decisions.scorer import (
 )
 from swama.engine.model import LoadedModel, load_language_model
 from swama.engine.serving.scheduler import Scheduler
-from swama.tools.build_tiny_model import build_tiny_model
+from tools.testmodels.tiny import build_tiny_model
 
 INPUT = "\n".join(f"Message {i}: the invoice for order {1000 + i} was charged twice; the customer wants a refund "
                   f"to the original card before the end of the month." for i in range(12))

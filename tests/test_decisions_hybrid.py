@@ -18,7 +18,7 @@ from live_server import LiveServer, start_server
 from swama.engine.decisions.decide import DecisionJob, DecisionRun
 from swama.engine.decisions.scorer import decision_choice_view, decision_score_view, predicate_view
 from swama.engine.model import load_language_model
-from swama.tools.build_tiny_model import build_tiny_model
+from tools.testmodels.tiny import build_tiny_model
 
 HYBRID = "test/tiny-qwen3_5"
 INPUT = "My invoice from March charged me twice for the same plan. " * 12

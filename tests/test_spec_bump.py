@@ -20,8 +20,8 @@ from swama.engine.decisions.scorer import DecisionError
 from swama.generated.routes import OPERATIONS
 from swama.handlers.http.errors import ApiError
 from swama.handlers.http.pipeline import resolve, rules_of, validate
-from swama.tools import specs
-from swama.tools.spec_sources import DECISIONS
+from tools.spec import commands as specs
+from tools.spec.sources import DECISIONS
 
 NEW_FIELD = "x_trial_field"
 REMOVED_FIELD = "safety_identifier"

@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from swama.tools import codegen, spec_diff, spec_extract
-from swama.tools.spec_sources import SOURCES
-from swama.tools.specs import GENERATED, SPECS
+from tools.spec import codegen
+from tools.spec import diff as spec_diff
+from tools.spec import extract as spec_extract
+from tools.spec.commands import GENERATED, SPECS
+from tools.spec.sources import SOURCES
 
 SERVED = {
     "GET /v1/models", "POST /v1/chat/completions", "POST /v1/responses", "POST /v1/embeddings",
@@ -35,7 +37,7 @@ def test_hand_edit_of_generated_is_caught(tmp_path: Path) -> None:
 
 
 def test_check_command_exit_codes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from swama.tools import specs
+    from tools.spec import commands as specs
 
     assert specs.main(["check"]) == 0
     copy = tmp_path / "generated"
@@ -146,7 +148,7 @@ UPSTREAM = {
 
 
 def test_extraction_on_a_small_upstream_document(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from swama.tools.spec_sources import Operation, Source
+    from tools.spec.sources import Operation, Source
 
     upstream = tmp_path / "up.yaml"
     upstream.write_text(yaml.safe_dump(UPSTREAM))
@@ -198,7 +200,7 @@ def test_spec_diff_reports_added_removed_and_retyped_fields() -> None:
 
 
 def test_diff_command_prints_schema_changes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from swama.tools import specs
+    from tools.spec import commands as specs
 
     old = tmp_path / "old"
     shutil.copytree(SPECS, old)

@@ -59,7 +59,7 @@ BACKEND=$(backend)
 case "${1:-}" in
     test)
         install test
-        "$VENV/bin/python" -m swama.tools.specs check
+        "$VENV/bin/python" -m tools.spec check
         "$VENV/bin/ruff" check engine handlers tools tests
         # In-process model tests get the same OpenBLAS preload the server gives itself (CPU backend).
         lib=

@@ -110,7 +110,7 @@ cmd_install() {
     ln -sfn "$(site_packages)/nvidia" "$ROOT/site/nvidia"
     # swama itself from this checkout, laid out as its wheel installs it (swama.engine = engine/ ...).
     local repo; repo=$(pwd)
-    for folder in engine handlers generated tools specs; do ln -sfn "$repo/$folder" "$ROOT/src/swama/$folder"; done
+    for folder in engine handlers generated specs; do ln -sfn "$repo/$folder" "$ROOT/src/swama/$folder"; done
     local version; version=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
     mkdir -p "$ROOT/src/swama-$version.dist-info"
     printf 'Metadata-Version: 2.1\nName: swama\nVersion: %s\n' "$version" > "$ROOT/src/swama-$version.dist-info/METADATA"
@@ -151,7 +151,7 @@ cmd_bench() {
     mkdir -p "$OUT"
     cp docs/benchmarks.md "$OUT/benchmarks.md"  # comes back whole, with the new sections in place
     set -o pipefail
-    python3 -m swama.tools.bench_gpu --models-dir "$ROOT/shaped" --live --write "$OUT/benchmarks.md" "$@" 2>&1 \
+    python3 -m tools.bench.gpu --models-dir "$ROOT/shaped" --live --write "$OUT/benchmarks.md" "$@" 2>&1 \
         | tee "$OUT/bench.log"
 }
 

@@ -24,8 +24,8 @@ so (with tied embeddings) greedy decoding never picks a token that tokenizer can
 written one tensor at a time, so building one takes little more memory than its largest tensor, and
 an existing folder with the same config is reused.
 
-Usage: python -m swama.tools.build_tiny_model DONOR_DIR DEST_DIR [--arch NAME]
-       python -m swama.tools.build_tiny_model [DONOR_DIR] DEST_DIR --arch kitten_tts
+Usage: python -m tools.testmodels.tiny DONOR_DIR DEST_DIR [--arch NAME]
+       python -m tools.testmodels.tiny [DONOR_DIR] DEST_DIR --arch kitten_tts
 """
 
 from __future__ import annotations

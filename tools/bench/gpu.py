@@ -1,11 +1,11 @@
 """swama against transformers on random-weight models of real shapes, side by side in one run (for a GPU).
 
-    python -m swama.tools.bench_gpu [--shapes qwen3-0.6b,qwen3-4b] [--parts matmul,prefill,decode,decisions]
+    python -m tools.bench.gpu [--shapes qwen3-0.6b,qwen3-4b] [--parts matmul,prefill,decode,decisions]
                                     [--live] [--models-dir DIR] [--donor DIR] [--no-transformers]
                                     [--torch-python PYTHON] [--runs N] [--write [docs/benchmarks.md]]
 
 The models have the exact shapes of Qwen3-0.6B and Qwen3-4B, random bfloat16 weights and the donor's
-tokenizer (swama.tools.build_tiny_model, `--arch qwen3-0.6b` / `qwen3-4b`), built once into
+tokenizer (tools.testmodels.tiny, `--arch qwen3-0.6b` / `qwen3-4b`), built once into
 `--models-dir` and reused; `--shapes tiny` is the 2-layer tiny Qwen3, for a smoke run on a CPU. Both
 sides load the same folder and get the same token ids. The parts:
 
@@ -186,7 +186,7 @@ def find_donor(given: Path | None, models_dir: Path) -> Path | None:
     here (into `models_dir`) from the SmolLM2 wheel in the test cache, as the test suite converts it."""
     import shutil
 
-    from swama.tools.bench_common import default_model_dir, test_cache_dir
+    from tools.bench.common import default_model_dir, test_cache_dir
 
     if given is not None:
         return given
@@ -212,7 +212,7 @@ def find_donor(given: Path | None, models_dir: Path) -> Path | None:
 
 
 def build_shape(shape: str, models_dir: Path, donor: Path) -> Path:
-    from swama.tools.build_tiny_model import build_tiny_model
+    from tools.testmodels.tiny import build_tiny_model
 
     if shape == "tiny":
         dest = models_dir / "tiny-qwen3"
@@ -263,7 +263,7 @@ def mlx_matmul(size: int, dtype: Any, warmup: int = 3, repeats: int = 10) -> Tim
 
 
 def prompt_ids(tokenizer: Any, tokens: int) -> list[int]:
-    from swama.tools.bench_decisions import ticket
+    from tools.bench.decisions import ticket
 
     ids = tokenizer.encode(ticket(tokens + 16, tokenizer))
     return ids[:tokens]
@@ -355,7 +355,7 @@ def swama_decisions(model: Any, n: int, runs: int) -> tuple[Decisions, list[Any]
     """Batched scoring (`score_batch`) and one pass per question (`score_next`), both from the shared
     prefix, alternating; the figures, the prepared questions and the batched answers."""
     from swama.engine.decisions.decide import DecisionJob, prepare
-    from swama.tools.bench_decisions import questions, ticket, timed_steps
+    from tools.bench.decisions import questions, ticket, timed_steps
 
     text = ticket(DECISION_INPUT_TOKENS, model.tokenizer)
     job = DecisionJob(text, questions(n), 16384)
@@ -570,7 +570,7 @@ def collect(args: argparse.Namespace, command: str) -> Results:
     import mlx.core as mx
 
     from swama.engine.runtime import compute_dtype, gpu_build, on_gpu
-    from swama.tools.bench_common import package_version
+    from tools.bench.common import package_version
 
     dtype = compute_dtype()
     gpu = on_gpu()
@@ -737,9 +737,9 @@ def _timing_line(t: Timing, unit: str) -> str:
 def measure_live(results: Results, args: argparse.Namespace, shape: str) -> None:
     import httpx
 
-    from swama.tools.bench_chat import Scenario, Target, request_body, stream_chat
-    from swama.tools.bench_common import Server, build_store, free_port, server_env, temp_dir
-    from swama.tools.bench_serving import TASK, run_level
+    from tools.bench.chat import Scenario, Target, request_body, stream_chat
+    from tools.bench.common import Server, build_store, free_port, server_env, temp_dir
+    from tools.bench.serving import TASK, run_level
 
     print(f"\n== live: swama serve on {NAMES[shape]}", flush=True)
     try:
@@ -793,7 +793,7 @@ def _fmt(value: float, pattern: str) -> str:
 
 
 def matmul_table(results: Results) -> str:
-    from swama.tools.bench_common import markdown_table
+    from tools.bench.common import markdown_table
 
     rows = []
     for framework, t in results.matmul.items():
@@ -804,7 +804,7 @@ def matmul_table(results: Results) -> str:
 
 
 def prefill_table(results: Results, shapes: list[str]) -> str:
-    from swama.tools.bench_common import markdown_table
+    from tools.bench.common import markdown_table
 
     rows = []
     for (shape, tokens), cell in results.prefill.items():
@@ -826,7 +826,7 @@ def prefill_table(results: Results, shapes: list[str]) -> str:
 
 
 def decode_table(results: Results, shapes: list[str]) -> str:
-    from swama.tools.bench_common import markdown_table
+    from tools.bench.common import markdown_table
 
     rows = []
     for (shape, batch), cell in results.decode.items():
@@ -843,7 +843,7 @@ def decode_table(results: Results, shapes: list[str]) -> str:
 
 
 def decisions_text(results: Results, shape: str) -> str:
-    from swama.tools.bench_common import markdown_table
+    from tools.bench.common import markdown_table
 
     d = results.decisions[shape]
     if d.error:
@@ -896,7 +896,7 @@ def print_shape(results: Results, shape: str) -> None:
 
 
 def machine_lines(results: Results) -> str:
-    from swama.tools.bench_common import facts_lines, machine_facts
+    from tools.bench.common import facts_lines, machine_facts
 
     facts = {"MLX device": results.mlx_device, "MLX device info": results.device_info or "none",
              "PyTorch device": results.torch_device or "not used",
@@ -915,13 +915,13 @@ def shapes_line(results: Results) -> str:
 
 
 def report(results: Results) -> str:
-    from swama.tools.bench_common import today
+    from tools.bench.common import today
 
     torch_side = (f"transformers on {results.torch_device}" if results.torch_device
                   else "transformers: not measured" if results.transformers else "transformers: not run")
     blocks = [
         f"swama (MLX on {results.mlx_device}) against transformers (PyTorch, same folder, same token ids) on "
-        f"random-weight models: {shapes_line(results)}, built by `python -m swama.tools.build_tiny_model DONOR "
+        f"random-weight models: {shapes_line(results)}, built by `python -m tools.testmodels.tiny DONOR "
         f"DEST --arch NAME` (`qwen3-0.6b`, `qwen3-4b`: the real checkpoints' shapes, random bfloat16 weights; the "
         f"tiny Qwen3: `qwen3`, 2 layers; all with the donor SmolLM2's tokenizer). swama computes in {results.dtype} (the weights cast at load); transformers "
         f"loads them in the same dtype with `attn_implementation=\"sdpa\"` ({torch_side}). Every figure is the "
@@ -967,7 +967,7 @@ def report(results: Results) -> str:
 
 
 def live_report(results: Results) -> str:
-    from swama.tools.bench_common import markdown_table, today
+    from tools.bench.common import markdown_table, today
 
     rows = []
     for shape, levels in results.live.items():
@@ -1013,9 +1013,9 @@ def _names(choices: tuple[str, ...]) -> Any:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    from swama.tools.bench_common import add_write_option, test_cache_dir
+    from tools.bench.common import add_write_option, test_cache_dir
 
-    parser = argparse.ArgumentParser(prog="python -m swama.tools.bench_gpu", description=__doc__.split("\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.gpu", description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split("\n", 1)[1])
     parser.add_argument("--shapes", type=_names(SHAPES), default=DEFAULT_SHAPES,
@@ -1065,16 +1065,16 @@ def main(argv: list[str] | None = None) -> int:
     if given[:1] == [WORKER_FLAG]:
         return torch_worker(Path(given[1]), Path(given[2]))
     from swama.engine.runtime import on_gpu, reexec_with_fast_blas
-    from swama.tools.bench_common import publish
+    from tools.bench.common import publish
 
     args = parse_args(given)
     if argv is None:
-        reexec_with_fast_blas(given, module="swama.tools.bench_gpu")
+        reexec_with_fast_blas(given, module="tools.bench.gpu")
     if not on_gpu() and not args.allow_cpu and any(s != "tiny" for s in args.shapes):
         print("MLX has no GPU here: the full-size shapes would run for a long time in float32 on the CPU. "
               "Use --shapes tiny for a smoke run, or --allow-cpu.", file=sys.stderr)
         return 2
-    command = shlex.join(["python", "-m", "swama.tools.bench_gpu", *given])
+    command = shlex.join(["python", "-m", "tools.bench.gpu", *given])
     results = collect(args, command)
     if set(args.parts) - {"live"}:
         print()

@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
-from swama.tools import spec_overlay
-from swama.tools.spec_sources import DECISIONS, OPENAI, SYSTEMONE, WORKERS_AI, Source
+from tools.spec import overlay as spec_overlay
+from tools.spec.sources import DECISIONS, OPENAI, SYSTEMONE, WORKERS_AI, Source
 
 # Keys that carry prose or vendor metadata rather than structure.
 PROSE_KEYS = {"description", "summary", "example", "examples", "externalDocs", "tags", "x-oaiMeta",

@@ -1,6 +1,6 @@
 """Batched decode against the machine's float32 matmul ceiling, in one run.
 
-    python -m swama.tools.bench_decode_flops [--model-dir DIR] [--rows 1,8] [--steps N] [--write [MD]]
+    python -m tools.bench.decode_flops [--model-dir DIR] [--rows 1,8] [--steps N] [--write [MD]]
 
 The ceiling is the best GFLOP/s of large float32 matmuls (MLX, the BLAS it runs on); the decode
 figure is 2 x parameters x tokens per second of the batch scheduler's decode steps at each batch
@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 from swama.engine.runtime import reexec_with_fast_blas
-from swama.tools.bench_chat import resolve_model_dir
-from swama.tools.bench_common import (
+from tools.bench.chat import resolve_model_dir
+from tools.bench.common import (
     BENCHMARKS_MD,
     facts_lines,
     machine_facts,
@@ -71,15 +71,15 @@ def decode_rate(model_dir: Path, rows: int, steps: int) -> tuple[float, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m swama.tools.bench_decode_flops", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.decode_flops", description=__doc__.split("\n")[0])
     parser.add_argument("--model-dir", type=Path, default=None)
     parser.add_argument("--rows", type=lambda v: [int(x) for x in v.split(",")], default=[1, 8])
     parser.add_argument("--steps", type=int, default=48)
     parser.add_argument("--write", nargs="?", type=Path, const=BENCHMARKS_MD, default=None, metavar="MD")
     args = parser.parse_args(argv)
-    reexec_with_fast_blas(sys.argv[1:] if argv is None else argv, module="swama.tools.bench_decode_flops")
+    reexec_with_fast_blas(sys.argv[1:] if argv is None else argv, module="tools.bench.decode_flops")
     model_dir = resolve_model_dir(args.model_dir)
-    command = shlex.join(["python", "-m", "swama.tools.bench_decode_flops", *(sys.argv[1:] if argv is None else argv)])
+    command = shlex.join(["python", "-m", "tools.bench.decode_flops", *(sys.argv[1:] if argv is None else argv)])
     ceiling = matmul_ceiling()
     rows = []
     for n in args.rows:

@@ -17,7 +17,7 @@ On a CPU swama casts the weights to float32 while mlx_lm.server keeps the folder
 that is not float32 the tool also runs mlx_lm.server on a float32 copy, so the table shows the
 default comparison and the like-for-like one.
 
-Usage: python -m swama.tools.bench_chat [--model-dir DIR] [--runs N] [--rounds R] [--max-tokens N]
+Usage: python -m tools.bench.chat [--model-dir DIR] [--runs N] [--rounds R] [--max-tokens N]
                                          [--write [docs/benchmarks.md]]
 """
 
@@ -39,7 +39,7 @@ from typing import Any
 
 import httpx
 
-from swama.tools.bench_common import (
+from tools.bench.common import (
     BENCHMARKS_MD,
     SMOLLM2_ID,
     Server,
@@ -353,7 +353,7 @@ def report(targets: list[Target], plan: list[Scenario], args: argparse.Namespace
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m swama.tools.bench_chat", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.chat", description=__doc__.split("\n")[0])
     parser.add_argument("--model-dir", type=Path, default=None,
                         help="an MLX model folder (default: the test cache's smollm2-mlx)")
     parser.add_argument("--runs", type=int, default=5, help="measured requests per prompt and server (default 5)")
@@ -402,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     exit_on_sigterm()
     model_dir = resolve_model_dir(args.model_dir)
-    command = shlex.join(["python", "-m", "swama.tools.bench_chat", *(sys.argv[1:] if argv is None else argv)])
+    command = shlex.join(["python", "-m", "tools.bench.chat", *(sys.argv[1:] if argv is None else argv)])
     plan = scenarios(args.max_tokens)
     with ExitStack() as stack:
         targets = build_targets(stack, model_dir, not args.no_float32_copy)

@@ -1,9 +1,9 @@
 """Decision scoring speed: shared-prefix scoring against a fresh cache per question, in one run.
 
-    python -m swama.tools.bench_decisions [--model-dir DIR] [--runs N] [--write docs/benchmarks.md]
-    python -m swama.tools.bench_decisions --hybrid [--model-dir DIR] [--runs N] [--write]
-    python -m swama.tools.bench_decisions --vision [--model-dir DIR] [--runs N] [--write]
-    python -m swama.tools.bench_decisions --batched [--model-dir DIR] [--runs N] [--write]
+    python -m tools.bench.decisions [--model-dir DIR] [--runs N] [--write docs/benchmarks.md]
+    python -m tools.bench.decisions --hybrid [--model-dir DIR] [--runs N] [--write]
+    python -m tools.bench.decisions --vision [--model-dir DIR] [--runs N] [--write]
+    python -m tools.bench.decisions --batched [--model-dir DIR] [--runs N] [--write]
 
 Measures 20 questions over a ~1,000-token input both ways (same model, same process, alternating
 runs), checks both ways agree within 1e-4, and questions per second for 1, 10 and 50 questions.
@@ -31,7 +31,7 @@ from swama.engine.decisions.decide import DecisionJob, DecisionRun
 from swama.engine.decisions.scorer import decision_choice_view, decision_score_view, predicate_view
 from swama.engine.model import load_language_model
 from swama.engine.runtime import reexec_with_fast_blas
-from swama.tools.bench_common import default_model_dir, missing_model_message, today, write_section
+from tools.bench.common import default_model_dir, missing_model_message, today, write_section
 
 TITLE = "Decisions: shared-prefix scoring vs a fresh cache per question"
 HYBRID_TITLE = "Decisions on a hybrid model: prefix snapshot vs a fresh cache per question"
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", type=Path, default=default_model_dir())
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--write", type=Path, nargs="?", const=Path(__file__).resolve().parent.parent / "docs"
+    parser.add_argument("--write", type=Path, nargs="?", const=Path(__file__).resolve().parents[2] / "docs"
                         / "benchmarks.md", default=None, help="update this section of docs/benchmarks.md")
     parser.add_argument("--hybrid", action="store_true",
                         help="a tiny random Qwen3.5-style hybrid model: prefix snapshot vs fresh cache")
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--hybrid, --vision and --batched are separate benchmarks: pick one")
     if args.model_dir is None or not (args.model_dir / "config.json").exists():
         parser.error(missing_model_message())
-    reexec_with_fast_blas(sys.argv[1:] if argv is None else argv, module="swama.tools.bench_decisions")
+    reexec_with_fast_blas(sys.argv[1:] if argv is None else argv, module="tools.bench.decisions")
     if args.hybrid:
         return hybrid(args)
     if args.vision:
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
 
     preload = "openblas" in os.environ.get("LD_PRELOAD", "")
     lines = [
-        f"Measured {today()} with `python -m swama.tools.bench_decisions --runs {args.runs} --write` "
+        f"Measured {today()} with `python -m tools.bench.decisions --runs {args.runs} --write` "
         f"(median of {args.runs} alternating runs, one process), SmolLM2-135M-Instruct float32, input "
         f"{len(model.tokenizer.encode(text))} tokens; {os.cpu_count()} CPUs, {platform.machine()}, "
         f"OpenBLAS preloaded: {'yes' if preload else 'no'}, load average before the run: {load}.", "",
@@ -164,7 +164,7 @@ def _compare(model, job: DecisionJob, runs: int) -> Comparison:
 def hybrid(args: argparse.Namespace) -> int:
     import tempfile
 
-    from swama.tools.build_tiny_model import build_tiny_model
+    from tools.testmodels.tiny import build_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = build_tiny_model(args.model_dir, Path(tmp) / "tiny-qwen3_5", arch="qwen3_5")
@@ -174,7 +174,7 @@ def hybrid(args: argparse.Namespace) -> int:
         timed(model, DecisionJob(text, questions(2), 16384), True)  # warm-up
         s, f, worst, prefix, *_ = _compare(model, job, args.runs)
     lines = [
-        f"Measured {today()} with `python -m swama.tools.bench_decisions --hybrid --runs {args.runs} --write` "
+        f"Measured {today()} with `python -m tools.bench.decisions --hybrid --runs {args.runs} --write` "
         f"(median of {args.runs} alternating runs, one process): a tiny random-weight Qwen3.5-style model "
         f"(4 layers, linear attention with full attention every second layer; its cache cannot be trimmed), "
         f"20 questions over a {len(model.tokenizer.encode(text))}-token input, shared prefix {prefix} tokens; "
@@ -236,7 +236,7 @@ def batched(args: argparse.Namespace) -> int:
     (bt, bp, bs), (ot, op, os_) = med[True], med[False]
     preload = "openblas" in os.environ.get("LD_PRELOAD", "")
     lines = [
-        f"Measured {today()} with `python -m swama.tools.bench_decisions --batched --runs {args.runs} --write` "
+        f"Measured {today()} with `python -m tools.bench.decisions --batched --runs {args.runs} --write` "
         f"(median of {args.runs} alternating runs, one process), SmolLM2-135M-Instruct float32, {n} questions "
         f"over a {len(model.tokenizer.encode(text))}-token input: shared prefix {run.prefix} tokens, suffixes "
         f"{min(suffixes)} to {max(suffixes)} tokens; {os.cpu_count()} CPUs, {platform.machine()}, OpenBLAS "
@@ -265,7 +265,7 @@ def vision(args: argparse.Namespace) -> int:
     import tempfile
 
     from swama.engine.model import load_model
-    from swama.tools.build_tiny_model import build_tiny_model
+    from tools.testmodels.tiny import build_tiny_model
 
     images = photos()
     n = VISION_QUESTIONS
@@ -290,7 +290,7 @@ def vision(args: argparse.Namespace) -> int:
           f"({question_tokens} for the first), shared prefix {result.shared_prefix_tokens} tokens")
     sizes = " and ".join(f"{i.width}x{i.height}" for i in images)
     lines = [
-        f"Measured {today()} with `python -m swama.tools.bench_decisions --vision --runs {args.runs} --write` "
+        f"Measured {today()} with `python -m tools.bench.decisions --vision --runs {args.runs} --write` "
         f"(median of {args.runs} alternating runs, one process): a tiny random-weight Qwen3.5 "
         f"vision-language model (the hybrid text stack above plus a 2-layer vision tower, one image token "
         f"per 32x32 pixels), {n} questions over two random-noise photos ({sizes}, {image_tokens} image "

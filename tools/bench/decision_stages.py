@@ -1,6 +1,6 @@
 """Where one decision request's time goes, stage by stage.
 
-    python -m swama.tools.bench_decision_stages [--model-dir DIR] [--questions 20] [--runs 5]
+    python -m tools.bench.decision_stages [--model-dir DIR] [--questions 20] [--runs 5]
                                                 [--write [docs/benchmarks.md]]
 
 Runs the steps of `DecisionRun.start()` and `score_batch()` one by one on 20 questions over a
@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from swama.tools.bench_common import add_write_option, default_model_dir, machine_facts, publish, today
+from tools.bench.common import add_write_option, default_model_dir, machine_facts, publish, today
 
 TITLE = "Decisions: where one request's time goes"
 STAGES = ("render", "encode", "checks and labels", "prefix", "tile", "suffixes", "head", "answers")
@@ -105,9 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     from swama.engine.decisions.decide import DecisionJob, DecisionRun
     from swama.engine.model import load_language_model
     from swama.engine.runtime import compute_dtype, on_gpu, reexec_with_fast_blas
-    from swama.tools.bench_decisions import questions, ticket
+    from tools.bench.decisions import questions, ticket
 
-    reexec_with_fast_blas(sys.argv[1:] if argv is None else argv, module="swama.tools.bench_decision_stages")
+    reexec_with_fast_blas(sys.argv[1:] if argv is None else argv, module="tools.bench.decision_stages")
     model = load_language_model("bench", args.model_dir)
     if model.vision is not None or DecisionRun(model, DecisionJob("x", [], 1)).split is None:
         parser.error("the stages are those of a text model whose vocabulary projection splits off")
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = "\n".join(f"| {s} | {med[s]:.1f} | {med[s] / total:.0%} |" for s in STAGES)
     facts = machine_facts()
     body = (
-        f"Measured {today()} with `python -m swama.tools.bench_decision_stages --runs {args.runs} --write` on "
+        f"Measured {today()} with `python -m tools.bench.decision_stages --runs {args.runs} --write` on "
         f"{args.model_dir.name} ({str(compute_dtype()).removeprefix('mlx.core.')} on the "
         f"{'GPU' if on_gpu() else 'CPU'}; {facts.get('cpu', facts.get('processor', ''))}): {args.questions} "
         f"questions over a ~1,000-token input, median of {args.runs} requests, each with its own input.\n\n"

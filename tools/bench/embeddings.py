@@ -1,6 +1,6 @@
 """Embedding speed: swama's /v1/embeddings against direct mlx-embeddings calls, in one run.
 
-    python -m swama.tools.bench_embeddings [--model-dir DIR] [--runs N] [--write docs/benchmarks.md]
+    python -m tools.bench.embeddings [--model-dir DIR] [--runs N] [--write docs/benchmarks.md]
 
 For 1, 32 and 256 inputs of mixed length (all-MiniLM-L6-v2 by default, from the test cache) it
 measures embeddings per second four ways on the same machine, alternating runs: the swama server
@@ -21,7 +21,7 @@ import httpx
 import numpy as np
 
 from swama.engine.runtime import reexec_with_fast_blas
-from swama.tools.bench_common import (
+from tools.bench.common import (
     Server,
     add_write_option,
     build_store,
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
              f"{results['http'][n] / results['batch'][n]:.2f}x"] for n in SIZES]
     table = markdown_table(header, rows)
     facts = {**machine_facts(), "mlx-embeddings": package_version("mlx-embeddings")}
-    body = (f"Measured {today()} with `python -m swama.tools.bench_embeddings` on all-MiniLM-L6-v2 (float32), "
+    body = (f"Measured {today()} with `python -m tools.bench.embeddings` on all-MiniLM-L6-v2 (float32), "
             f"inputs of 4-60 words, median of {args.runs} alternating runs. HTTP includes JSON encoding of the "
             f"vectors. Largest difference between any two ways: {worst:.1e}.\n\n{table}\n\n"
             + "\n".join(f"- {k}: {v}" for k, v in facts.items()))
@@ -132,5 +132,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    reexec_with_fast_blas(sys.argv[1:], module="swama.tools.bench_embeddings")
+    reexec_with_fast_blas(sys.argv[1:], module="tools.bench.embeddings")
     main()

@@ -1,6 +1,6 @@
 """GGUF import, before and after the gguf-package importer: time, peak memory and output size.
 
-    python -m swama.tools.bench_gguf_import [--gguf FILE] [--baseline REV] [--write docs/benchmarks.md]
+    python -m tools.bench.gguf_import [--gguf FILE] [--baseline REV] [--write docs/benchmarks.md]
 
 FILE defaults to the SmolLM2-135M-Instruct Q4_1 file of the test cache. The baseline is the
 importer as it was at git revision REV (the hand-written reader that decoded through `mx.load`
@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from swama.tools.bench_common import (
+from tools.bench.common import (
     REPO_ROOT,
     add_write_option,
     markdown_table,
@@ -93,7 +93,7 @@ def report(gguf: Path, rows: list[tuple[str, dict[str, float]]]) -> str:
          "output (MiB)"],
         [[label, f"{r['seconds']:.1f}", f"{r['rss_start_kib'] / 1024:.0f}", f"{r['rss_peak_kib'] / 1024:.0f}",
           f"{(r['rss_peak_kib'] - r['rss_start_kib']) / 1024:.0f}", f"{r['bytes'] / mib:.0f}"] for label, r in rows])
-    return (f"Measured {today()} by `python -m swama.tools.bench_gguf_import`: {gguf.name} "
+    return (f"Measured {today()} by `python -m tools.bench.gguf_import`: {gguf.name} "
             f"({gguf.stat().st_size / mib:.0f} MiB), each conversion alone in a fresh process.\n\n{table}\n"
             "The old importer held the whole model twice: MLX's loader decoded every tensor, then all of "
             "them were written at once. Now tensors are decoded in blocks of rows and written as they "

@@ -1,6 +1,6 @@
 """CPU BLAS choices side by side: MLX's bundled reference BLAS, the system OpenBLAS and MKL's wheel.
 
-    python -m swama.tools.bench_blas [--write docs/benchmarks.md]
+    python -m tools.bench.blas [--write docs/benchmarks.md]
 
 Each BLAS is preloaded into a fresh child process the way swama preloads it (LD_PRELOAD plus what
 the library needs), which then measures a float32 1024x1024 matmul and, on the SmolLM2 test model
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from swama.engine import runtime
-from swama.tools.bench_common import (
+from tools.bench.common import (
     add_write_option,
     default_model_dir,
     markdown_table,
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
         rows.append([name, f"{got['gflops']:.1f}", *figures, f"{got['gflops'] / base['gflops']:.1f}x"])
     table = markdown_table(["BLAS", "fp32 1024² matmul GFLOP/s", "SmolLM2 fp32 decode tok/s (1 row)",
                             "decode tok/s (8 rows)", "prefill tok/s (512 tokens)", "matmul vs bundled"], rows)
-    body = (f"Measured {today()} with `python -m swama.tools.bench_blas` ({os.cpu_count()} CPUs), each BLAS "
+    body = (f"Measured {today()} with `python -m tools.bench.blas` ({os.cpu_count()} CPUs), each BLAS "
             f"preloaded into a fresh process as swama does it. With `SWAMA_BLAS=auto` swama preloads MKL's "
             f"wheel when it is installed, else the system OpenBLAS.\n\n{table}")
     publish(TITLE, body, args.write)

@@ -1,10 +1,10 @@
 """The spec pipeline's command line.
 
-    python -m swama.tools.specs extract  [--openai F] [--decisions F] [--systemone F] [--clef F [--clef-flash F]]
-    python -m swama.tools.specs generate            # specs/ -> generated/
-    python -m swama.tools.specs check               # exit 1 when generated/ is stale or hand-edited
-    python -m swama.tools.specs diff OLD_DIR [NEW_DIR]
-    python -m swama.tools.specs bump --openai F ... # extract, generate, print the schema diff, run tests
+    python -m tools.spec extract  [--openai F] [--decisions F] [--systemone F] [--clef F [--clef-flash F]]
+    python -m tools.spec generate            # specs/ -> generated/
+    python -m tools.spec check               # exit 1 when generated/ is stale or hand-edited
+    python -m tools.spec diff OLD_DIR [NEW_DIR]
+    python -m tools.spec bump --openai F ... # extract, generate, print the schema diff, run tests
 
 Upstream files not given keep their pinned documents. Overlays in specs/overlays/ are applied at
 extraction; `--specs-dir`/`--generated-dir` point the commands at another tree (a trial bump).
@@ -19,10 +19,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from swama.tools import codegen, spec_diff, spec_extract
-from swama.tools.spec_sources import SOURCES
+from tools.spec import codegen
+from tools.spec import diff as spec_diff
+from tools.spec import extract as spec_extract
+from tools.spec.sources import SOURCES
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SPECS = REPO / "specs"
 GENERATED = REPO / "generated"
 
@@ -96,7 +98,7 @@ def print_overlay_pins(old_dir: Path, new_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m swama.tools.specs", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m tools.spec", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--specs-dir", type=Path, default=None, help="the specs folder (default: specs/)")
     parser.add_argument("--generated-dir", type=Path, default=None,
@@ -124,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         stale = codegen.check(specs_dir, generated_dir)
         if stale:
             print("generated/ is out of date with specs/ (or was edited by hand): " + ", ".join(stale))
-            print("run: python -m swama.tools.specs generate")
+            print("run: python -m tools.spec generate")
             return 1
         print("generated/ is up to date")
     elif args.command == "diff":
@@ -141,6 +143,3 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_tests:
             return subprocess.call([sys.executable, "-m", "pytest", "-q", str(REPO / "tests")], cwd=REPO)
     return 0
-
-if __name__ == "__main__":
-    sys.exit(main())

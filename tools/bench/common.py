@@ -24,13 +24,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, Any
 
 import httpx
 
 from swama.engine.runtime import fast_blas
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS_MD = REPO_ROOT / "docs" / "benchmarks.md"
 BENCHMARKS_HEADER = (
     "# Benchmarks\n\n"
@@ -166,11 +166,25 @@ def package_version(name: str) -> str:
         return "not installed"
 
 
+def blas_name(blas: Any) -> str:
+    """The preloaded BLAS by library and version, never by a path of this machine."""
+    if blas.name == "mkl":
+        return f"MKL {package_version('mkl')} (the mkl wheel)"
+    import ctypes
+
+    try:
+        config = ctypes.CDLL(blas.library).openblas_get_config
+        config.restype = ctypes.c_char_p
+        return f"{config().decode().split()[0]} {config().decode().split()[1]} (the system's OpenBLAS)"
+    except (OSError, AttributeError, IndexError):
+        return "OpenBLAS (the system's)"
+
+
 def machine_facts() -> dict[str, str]:
     from swama.engine.runtime import will_use_gpu
 
-    lib = server_env().get("LD_PRELOAD")
-    blas = f"yes ({lib})" if lib else "no (MLX's bundled reference BLAS)"
+    chosen = fast_blas() if server_env().get("LD_PRELOAD") else None
+    blas = f"yes: {blas_name(chosen)}" if chosen else "no (MLX's bundled reference BLAS)"
     if will_use_gpu():
         blas = "not in the path (models compute on the GPU)"
     return {

@@ -1,6 +1,6 @@
 """Prompt cache: prefill work of a 10-turn conversation with the cache and without, in one run.
 
-    python -m swama.tools.bench_prompt_cache [--model-dir DIR] [--turns N] [--write docs/benchmarks.md]
+    python -m tools.bench.prompt_cache [--model-dir DIR] [--turns N] [--write docs/benchmarks.md]
 
 The same greedy conversation (SmolLM2 from the test cache by default, float32) runs twice on one
 loaded model: once with a fresh prompt cache, once with none. It reports the prompt tokens
@@ -18,7 +18,7 @@ from swama.engine.model import load_model
 from swama.engine.runtime import reexec_with_fast_blas
 from swama.engine.serving.prompt_cache import PromptCache
 from swama.engine.text.generator import ChatRequest, Finished, Sampling, TextDelta, generate
-from swama.tools.bench_common import (
+from tools.bench.common import (
     add_write_option,
     default_model_dir,
     markdown_table,
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--turns", type=int, default=10)
     add_write_option(parser)
     args = parser.parse_args(argv)
-    reexec_with_fast_blas(sys.argv[1:] if argv is None else argv, module="swama.tools.bench_prompt_cache")
+    reexec_with_fast_blas(sys.argv[1:] if argv is None else argv, module="tools.bench.prompt_cache")
     model_dir = args.model_dir or default_model_dir()
     if model_dir is None:
         sys.exit(missing_model_message())
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = [["without the cache", str(without[1]), str(without[2]), f"{without[3]:.2f}"],
             ["with the cache", str(with_cache[1]), str(with_cache[2]), f"{with_cache[3]:.2f}"]]
     table = markdown_table(["run", "prompt tokens", "tokens prefilled", "prefill s"], rows)
-    body = (f"Measured {today()} with `python -m swama.tools.bench_prompt_cache`: {args.turns} greedy turns of "
+    body = (f"Measured {today()} with `python -m tools.bench.prompt_cache`: {args.turns} greedy turns of "
             f"at most 24 tokens on SmolLM2 (float32), one loaded model. The cache cuts the tokens prefilled to "
             f"{with_cache[2] / without[2]:.0%} and the prefill time to {with_cache[3] / without[3]:.0%}; "
             f"both runs gave {'the same' if same else 'DIFFERENT'} replies.\n\n{table}")

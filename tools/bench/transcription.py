@@ -11,7 +11,7 @@ Each gets one warm-up, then `--runs` timed transcriptions; the table gives the m
 the real-time factor (seconds of audio per second of wall time: above 1 is faster than real time).
 The default audio is about 36 s of espeak-ng speech (two 30 s windows).
 
-Usage: python -m swama.tools.bench_transcription [--model-dir DIR] [--audio FILE] [--runs N] [--fp16] [--write]
+Usage: python -m tools.bench.transcription [--model-dir DIR] [--audio FILE] [--runs N] [--fp16] [--write]
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from swama.engine.runtime import REEXEC_MARK, reexec_with_fast_blas
-from swama.tools.bench_common import (
+from tools.bench.common import (
     add_write_option,
     publish,
     test_cache_dir,
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
 
     blas = "OpenBLAS preloaded" if "openblas" in os.environ.get("LD_PRELOAD", "") else "MLX's bundled BLAS"
-    lines = [f"Measured {today()} with `python -m swama.tools.bench_transcription`: Whisper tiny.en on the CPU "
+    lines = [f"Measured {today()} with `python -m tools.bench.transcription`: Whisper tiny.en on the CPU "
              f"({blas}, {os.cpu_count()} CPUs); {seconds:.1f} s of audio, median of {args.runs} runs after a "
              "warm-up.", "", "| path | dtype | wall s | real-time factor |", "|---|---|---|---|"]
     for name, dtype, times, _ in rows:
@@ -150,5 +150,5 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     if not os.environ.get(REEXEC_MARK):
-        reexec_with_fast_blas(sys.argv[1:], module="swama.tools.bench_transcription")
+        reexec_with_fast_blas(sys.argv[1:], module="tools.bench.transcription")
     sys.exit(main())

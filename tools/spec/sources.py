@@ -1,6 +1,6 @@
 """Where each pinned document in specs/ comes from, and what we take from it.
 
-A spec bump edits this file (new commit, new sha256) and reruns `python -m swama.tools.specs bump`.
+A spec bump edits this file (new commit, new sha256) and reruns `python -m tools.spec bump`.
 """
 
 from __future__ import annotations

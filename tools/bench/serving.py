@@ -1,7 +1,7 @@
 """Concurrent clients, side by side: swama's continuous batching against swama serving one request
 at a time and against mlx_lm.server, on the same model in float32 and the same machine, in one run.
 
-    python -m swama.tools.bench_serving [--model-dir DIR] [--clients 1,4,8,16] [--requests N]
+    python -m tools.bench.serving [--model-dir DIR] [--clients 1,4,8,16] [--requests N]
                                         [--max-tokens N] [--rounds N] [--write [docs/benchmarks.md]]
 
 Each server runs alone, on loopback, warmed up with one request. At every client count the clients
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import httpx
 
-from swama.tools.bench_chat import (
+from tools.bench.chat import (
     Sample,
     Scenario,
     Target,
@@ -42,7 +42,7 @@ from swama.tools.bench_chat import (
     stream_chat,
     swama_target,
 )
-from swama.tools.bench_common import (
+from tools.bench.common import (
     BENCHMARKS_MD,
     Server,
     build_store,
@@ -169,7 +169,7 @@ def report(labels: list[str], results: list[list[Level]], command: str, model_di
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m swama.tools.bench_serving", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.serving", description=__doc__.split("\n")[0])
     parser.add_argument("--model-dir", type=Path, default=None,
                         help="an MLX model folder (default: the test cache's smollm2-mlx)")
     parser.add_argument("--clients", type=lambda v: [int(x) for x in v.split(",")], default=[1, 4, 8, 16],
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     exit_on_sigterm()
     model_dir = resolve_model_dir(args.model_dir)
-    command = shlex.join(["python", "-m", "swama.tools.bench_serving", *(sys.argv[1:] if argv is None else argv)])
+    command = shlex.join(["python", "-m", "tools.bench.serving", *(sys.argv[1:] if argv is None else argv)])
     with ExitStack() as stack:
         store = build_store(Path(stack.enter_context(temp_dir("bench-serving-store-"))), model_dir)
         if floating_dtype(model_dir) == "float32":

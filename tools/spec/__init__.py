@@ -1,0 +1,1 @@
+"""The spec pipeline: pinned upstream documents -> specs/ -> generated/ (python -m tools.spec)."""

@@ -1,0 +1,7 @@
+"""`python -m tools.spec`: the spec pipeline's command line (see tools/spec/commands.py)."""
+
+import sys
+
+from tools.spec.commands import main
+
+sys.exit(main())
