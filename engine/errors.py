@@ -1,18 +1,176 @@
-"""Engine errors carry an HTTP status and a short code; handlers put them in their route's envelope."""
+"""One family of errors for everything the engine refuses or fails at.
+
+Every class says what kind of thing went wrong; the routes put any of them into their family's
+envelope in one place (handlers/http/errors.py `engine_error`) and the command line prints the
+message. Each carries:
+
+- `status`: the HTTP status that kind of failure answers with (the class decides; DecisionError,
+  whose refusals and failures share one type, takes it per instance);
+- `code`: a short machine-readable reason (`model_not_found`, `rate_limit_exceeded`, ...);
+- `param`: the request field at fault, where there is one;
+- `headers`: what a client should know beside the message (Retry-After on capacity refusals).
+
+    EngineError
+    ├── BadInput             400  a request the engine cannot serve as asked
+    │   ├── ContextTooLong        the prompt or the asked-for output does not fit the context window
+    │   └── WrongModel            the model is installed but is not the kind the work needs
+    ├── NotFound             404  no installed model by that name
+    │   └── ModelNotInstalled     ... worded for the command line, which can install it
+    ├── Busy                 429  past the queue limits; retry after a second
+    ├── Unavailable          503  a wait that timed out, a model being unloaded, no memory to load
+    ├── Cancelled            499  the client went away; the work was stopped
+    ├── LoadFailed           500  a model whose files do not load
+    ├── Failed               500  the model or its library failed while working
+    ├── MissingDependency    500  a library or program the model needs is not installed
+    ├── OutOfMemory          507  not enough memory to finish the work
+    ├── DecisionError        400/500  a refusal of a whole decision request, or an answer the
+    │                             model could not give
+    └── ModelFileError       400  installing, converting or reading model files
+        ├── StoreError            the model store (a bad id, a missing model)
+        ├── PullError             fetching a model from where it is published
+        ├── GGUFImportError       a GGUF file that cannot be converted
+        ├── PyPISourceError       a wheel that cannot be fetched or lacks the files
+        └── WhisperConversionError a CTranslate2 Whisper model that cannot be converted
+"""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
+RETRY_AFTER_SECONDS = 1
+MODEL_NOT_FOUND = "The model is not available locally."
+CLIENT_CLOSED = "The client closed the request."
+
 
 class EngineError(Exception):
-    def __init__(self, status: int, message: str, code: str = "invalid_request", param: str | None = None,
+    status: ClassVar[int] = 500
+    code: str = "server_error"
+
+    def __init__(self, message: str, *, code: str | None = None, param: str | None = None,
                  headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
-        self.status = status
         self.message = message
-        self.code = code
-        self.param = param  # the request field at fault, where one is
-        self.headers = headers  # e.g. Retry-After on a capacity refusal
+        if code is not None:
+            self.code = code
+        self.param = param
+        self.headers = headers
+
+    @property
+    def type(self) -> str:
+        """The error type of the OpenAI-shaped envelopes: the client's fault or the server's."""
+        return "invalid_request_error" if self.status < 500 else "server_error"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.status}, {self.message!r}, code={self.code!r})"
 
 
-class Cancelled(Exception):
-    """The client went away; the work was stopped."""
+class BadInput(EngineError):
+    status = 400
+    code = "invalid_request"
+
+
+class ContextTooLong(BadInput):
+    code = "context_length_exceeded"
+
+
+class WrongModel(BadInput):
+    pass
+
+
+class NotFound(EngineError):
+    status = 404
+    code = "model_not_found"
+
+    def __init__(self, message: str = MODEL_NOT_FOUND, **kwargs: object) -> None:
+        super().__init__(message, **{"param": "model", **kwargs})  # type: ignore[arg-type]
+
+
+def _retry_after() -> dict[str, str]:
+    return {"Retry-After": str(RETRY_AFTER_SECONDS)}
+
+
+class Busy(EngineError):
+    status = 429
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, **kwargs: object) -> None:
+        super().__init__(message, **{"headers": _retry_after(), **kwargs})  # type: ignore[arg-type]
+
+
+class Unavailable(EngineError):
+    status = 503
+    code = "unavailable"
+
+    def __init__(self, message: str, **kwargs: object) -> None:
+        super().__init__(message, **{"headers": _retry_after(), **kwargs})  # type: ignore[arg-type]
+
+
+class Cancelled(EngineError):
+    """The client went away; the work was stopped (and nobody is left to read this)."""
+
+    status = 499
+    code = "cancelled"
+
+    def __init__(self, message: str = CLIENT_CLOSED, **kwargs: object) -> None:
+        super().__init__(message, **kwargs)  # type: ignore[arg-type]
+
+
+class LoadFailed(EngineError):
+    code = "model_load_failed"
+
+
+class Failed(EngineError):
+    pass
+
+
+class MissingDependency(EngineError):
+    code = "missing_dependency"
+
+
+class OutOfMemory(EngineError):
+    status = 507
+    code = "insufficient_memory"
+
+
+class DecisionError(EngineError):
+    """A refusal of the whole decision request (4xx), or an answer the model could not give (5xx)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message, code="invalid_request" if status < 500 else "server_error")
+        self.status = status  # type: ignore[misc]
+
+
+class ModelFileError(EngineError):
+    status = 400
+    code = "invalid_request"
+
+
+class StoreError(ModelFileError):
+    pass
+
+
+class ModelNotInstalled(StoreError, NotFound):
+    """No installed model by that name, worded for someone who can install it."""
+
+    status = 404
+    code = "model_not_found"
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"The model '{name}' is not installed. Install it with: swama pull {name}")
+        self.name = name
+
+
+class PullError(StoreError):
+    pass
+
+
+class GGUFImportError(ModelFileError, ValueError):
+    """The GGUF file cannot be converted (unsupported content or a damaged file)."""
+
+
+class PyPISourceError(ModelFileError, RuntimeError):
+    """A wheel could not be fetched, or it does not hold the wanted files."""
+
+
+class WhisperConversionError(ModelFileError):
+    """A CTranslate2 Whisper model that cannot be converted."""

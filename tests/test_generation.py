@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from swama.engine.errors import EngineError
-from swama.engine.files.store import ModelNotInstalled, ModelStore
+from swama.engine.errors import EngineError, NotFound
+from swama.engine.files.store import ModelStore
 from swama.engine.model import load_language_model
 from swama.engine.serving.pool import ModelPool
 from swama.engine.text.chat_prompt import build_prompt, template_renders_tools
@@ -197,7 +197,7 @@ def test_pool_shares_loads_runs_fifo_and_evicts(model_store: Path) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
         assert loads == ["test/tiny-qwen3"]
         assert order == [0, 1, 2, 4, 5]
-        with pytest.raises(ModelNotInstalled):
+        with pytest.raises(NotFound):
             async with pool.use("nope/missing"):
                 pass
         assert pool.loaded() == ["test/tiny-qwen3"]

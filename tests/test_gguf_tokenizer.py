@@ -19,7 +19,7 @@ import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2 as sp_model
 from tokenizers import Tokenizer
 
-from swama.engine.files.gguf_errors import GGUFImportError
+from swama.engine.errors import GGUFImportError
 from swama.engine.files.gguf_tokenizer import build_generation_config, build_tokenizer, build_tokenizer_config
 
 Piece = sp_model.ModelProto.SentencePiece

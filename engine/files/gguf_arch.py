@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from swama.engine.files.gguf_errors import GGUFImportError
+from swama.engine.errors import GGUFImportError
 
 Shapes = dict[str, tuple[int, ...]]
 

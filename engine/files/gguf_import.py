@@ -27,8 +27,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueTy
 from gguf.gguf_reader import ReaderTensor
 from gguf.quants import dequantize
 
+from swama.engine.errors import GGUFImportError
 from swama.engine.files.gguf_arch import ArchSpec, arch_spec, build_config
-from swama.engine.files.gguf_errors import GGUFImportError
 from swama.engine.files.gguf_tokenizer import build_generation_config, build_tokenizer, build_tokenizer_config
 from swama.engine.files.safetensors_stream import SafetensorsStream, TensorPlan
 

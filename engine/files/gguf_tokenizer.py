@@ -18,7 +18,7 @@ from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-from swama.engine.files.gguf_errors import GGUFImportError
+from swama.engine.errors import GGUFImportError
 
 # llama.cpp token types (llama_token_type).
 _TOKEN_NORMAL, _TOKEN_UNKNOWN, _TOKEN_CONTROL, _TOKEN_USER_DEFINED = 1, 2, 3, 4

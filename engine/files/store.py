@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from swama.engine.errors import ModelNotInstalled, StoreError
 from swama.engine.files import aliases
 from swama.engine.kinds import kind_of
 
@@ -37,16 +38,6 @@ class InstalledModel:
     # What a conversion recorded: the GGUF file's architecture, quantization and tensor types, and
     # what they were converted to (empty for models installed as they were published).
     conversion: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
-
-
-class StoreError(Exception):
-    pass
-
-
-class ModelNotInstalled(StoreError):
-    def __init__(self, name: str) -> None:
-        super().__init__(f"The model '{name}' is not installed. Install it with: swama pull {name}")
-        self.name = name
 
 
 def _read_meta(folder: Path) -> InstalledModel | None:

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from swama.engine.errors import WhisperConversionError
+
 FORMAT_VERSION = 6
 SAMPLE_RATE = 16000
 N_FFT = 400
@@ -33,10 +35,6 @@ _SAFETENSORS_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16"}
 # Whisper's time tokens <|0.00|> ... <|30.00|> follow <|notimestamps|>; CTranslate2's tokenizer.json
 # leaves them out, its vocabulary.txt lists them.
 TIME_TOKENS = 1501
-
-
-class WhisperConversionError(Exception):
-    """The source folder is not a readable CTranslate2 Whisper model."""
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from swama.engine.errors import Cancelled, EngineError
+from swama.engine.errors import BadInput, Cancelled, ContextTooLong
 from swama.engine.kinds import EMBEDDING
 from swama.engine.model import LoadedModel, cast_for_device
 
@@ -91,12 +91,12 @@ def check_dimensions(model_id: str, spec: EmbeddingSpec, dimensions: int | None)
     if dimensions is None or dimensions == spec.dimensions:
         return
     if not spec.matryoshka:
-        raise EngineError(400, f"Model '{model_id}' returns {spec.dimensions}-dimensional embeddings and was not "
-                               f"trained for shorter ones; omit 'dimensions' or send {spec.dimensions}.",
-                          "invalid_dimensions", param="dimensions")
+        raise BadInput(f"Model '{model_id}' returns {spec.dimensions}-dimensional embeddings and was not trained "
+                       f"for shorter ones; omit 'dimensions' or send {spec.dimensions}.", code="invalid_dimensions",
+                       param="dimensions")
     if dimensions > spec.dimensions:
-        raise EngineError(400, f"'dimensions' must be at most {spec.dimensions} for model '{model_id}'.",
-                          "invalid_dimensions", param="dimensions")
+        raise BadInput(f"'dimensions' must be at most {spec.dimensions} for model '{model_id}'.",
+                       code="invalid_dimensions", param="dimensions")
 
 
 def tokenize(model: LoadedModel, texts: list[str]) -> list[list[int]]:
@@ -106,8 +106,8 @@ def tokenize(model: LoadedModel, texts: list[str]) -> list[list[int]]:
     for index, row in enumerate(ids):
         if len(row) > spec.max_tokens:
             where = f"Input {index}" if len(texts) > 1 else "The input"
-            raise EngineError(400, f"{where} is {len(row)} tokens long; model '{model.id}' takes at most "
-                                   f"{spec.max_tokens} tokens per input.", "context_length_exceeded", param="input")
+            raise ContextTooLong(f"{where} is {len(row)} tokens long; model '{model.id}' takes at most "
+                                 f"{spec.max_tokens} tokens per input.", param="input")
     return ids
 
 

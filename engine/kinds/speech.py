@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from swama.engine.errors import Cancelled, EngineError
+from swama.engine.errors import BadInput, Cancelled, EngineError, MissingDependency, OutOfMemory
 from swama.engine.kinds import TEXT_TO_SPEECH
 from swama.engine.model import LoadedModel, cast_for_device
 
@@ -63,8 +63,8 @@ class Voices:
             return self.default
         if not self.names or requested in self.names:
             return requested
-        raise EngineError(400, f"Voice '{requested}' is not available for this model; it offers: "
-                               f"{', '.join(self.names)}.", "invalid_voice")
+        raise BadInput(f"Voice '{requested}' is not available for this model; it offers: "
+                       f"{', '.join(self.names)}.", code="invalid_voice", param="voice")
 
 
 @dataclass(frozen=True)
@@ -143,8 +143,7 @@ def load_text_to_speech_model(model_id: str, path: Path) -> LoadedModel:
         cast_for_device(model)
         _evaluate_everything(model)
     except ImportError as exc:
-        raise EngineError(500, f"The model's text-to-speech code needs a package that is missing: {exc}",
-                          "missing_dependency") from None
+        raise MissingDependency(f"The model's text-to-speech code needs a package that is missing: {exc}") from None
     return LoadedModel(model_id, Path(path), model, None, _config(path), set(), kind=TEXT_TO_SPEECH)
 
 
@@ -172,15 +171,15 @@ def _engine_error(exc: BaseException) -> EngineError | None:
     text = str(exc).lower()
     if isinstance(exc, MemoryError) or (isinstance(exc, RuntimeError) and ("out of memory" in text
                                                                            or "unable to allocate" in text)):
-        return EngineError(507, OUT_OF_MEMORY, "insufficient_memory")
+        return OutOfMemory(OUT_OF_MEMORY)
     if isinstance(exc, ImportError) and "phonemizer" in text:
-        return EngineError(500, PHONEMIZER_MISSING, "missing_dependency")
+        return MissingDependency(PHONEMIZER_MISSING)
     if isinstance(exc, RuntimeError) and "espeak" in text:
-        return EngineError(500, ESPEAK_MISSING, "missing_dependency")
+        return MissingDependency(ESPEAK_MISSING)
     if isinstance(exc, IndexError) and _raised_in(exc, "_prepare_inputs"):
-        return EngineError(400, NO_SPEECH, "no_speech")  # the phonemizer returned nothing for it
+        return BadInput(NO_SPEECH, code="no_speech", param="input")  # the phonemizer returned nothing for it
     if isinstance(exc, ValueError) and "voice" in text:
-        return EngineError(400, str(exc), "invalid_voice")
+        return BadInput(str(exc), code="invalid_voice")
     return None
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from swama.engine.errors import Cancelled, EngineError
+from swama.engine.errors import Cancelled, LoadFailed, WrongModel
 from swama.engine.kinds import SPEECH_TO_TEXT
 from swama.engine.model import LoadedModel
 from swama.engine.runtime import compute_dtype
@@ -99,14 +99,14 @@ def load_speech_to_text_model(model_id: str, path: Path) -> LoadedModel:
 
     config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     if str(config.get("model_type", "")).lower() != "whisper":
-        raise EngineError(400, f"Model '{model_id}' is a speech-to-text model swama cannot run yet; "
-                               "only Whisper models are supported.")
+        raise WrongModel(f"Model '{model_id}' is a speech-to-text model swama cannot run yet; "
+                         "only Whisper models are supported.")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model = load_model(str(path))
     if getattr(model, "_processor", None) is None:
         detail = "; ".join(str(w.message) for w in caught) or "no tokenizer files"
-        raise EngineError(500, f"Model '{model_id}' has no usable Whisper tokenizer ({detail}).", "server_error")
+        raise LoadFailed(f"Model '{model_id}' has no usable Whisper tokenizer ({detail}).", code="server_error")
     _cast_whisper(model, whisper_dtype())
     return LoadedModel(model_id, path, model, None, config, set(), kind=SPEECH_TO_TEXT)
 

@@ -17,9 +17,9 @@ from typing import Any, TypeVar
 
 from swama.engine.decisions.checkpoints import CheckpointResult, predict
 from swama.engine.decisions.decide import DecisionJob, DecisionResult, DecisionRun
-from swama.engine.errors import Cancelled, EngineError
+from swama.engine.errors import BadInput, Cancelled, ContextTooLong, NotFound, WrongModel
 from swama.engine.files import aliases
-from swama.engine.files.store import InstalledModel, ModelNotInstalled, ModelStore
+from swama.engine.files.store import InstalledModel, ModelStore
 from swama.engine.kinds import LANGUAGE, SPEECH_TO_TEXT, VISION
 from swama.engine.kinds.embeddings import Embeddings, check_dimensions, embed, spec_of, tokenize
 from swama.engine.kinds.speech import Segment, synthesize
@@ -119,17 +119,17 @@ class Engine:
     def installed(self, name: str) -> InstalledModel:
         """The installed model for `name`; 404 when it is not installed (the server never downloads)."""
         if not isinstance(name, str) or not name.strip():
-            raise EngineError(400, "Model identifier is invalid.")
+            raise BadInput("Model identifier is invalid.")
         model = self.store.find(name)
         if model is None:
-            raise EngineError(404, "The model is not available locally.", "model_not_found")
+            raise NotFound()
         return model
 
     def resolve_language_model(self, name: str) -> str:
         """The installed model id for `name`, refusing models that cannot generate text."""
         model = self.installed(name)
         if aliases.is_audio_model(name) or aliases.is_audio_model(model.id):
-            raise EngineError(400, f"Model '{name}' is an audio model; it cannot serve text generation.")
+            raise WrongModel(f"Model '{name}' is an audio model; it cannot serve text generation.")
         self.require_language_model(model)
         return model.id
 
@@ -139,16 +139,15 @@ class Engine:
         and vision-language models (mlx-vlm). Other kinds are refused by name."""
         if model.kind not in (LANGUAGE, VISION):
             article = "an" if model.kind[0] in "aeiou" else "a"
-            raise EngineError(400, f"Model '{model.id}' is {article} {model.kind} model; this route needs a language "
-                                   "or vision model.")
+            raise WrongModel(f"Model '{model.id}' is {article} {model.kind} model; this route needs a language or "
+                             "vision model.")
 
     async def chat(self, model_id: str, request: ChatRequest) -> AsyncIterator[Event]:
         """Events of one generation on a model `resolve` found. Stop iterating (or `aclose()`) to cancel."""
         limit = request.effective_context_limit
         if request.max_tokens is not None and request.max_tokens > limit:
-            raise EngineError(400, f"The requested maximum of {request.max_tokens} output tokens is larger than "
-                                   f"the context window of {limit} tokens (prompt included).",
-                              "context_length_exceeded")
+            raise ContextTooLong(f"The requested maximum of {request.max_tokens} output tokens is larger than the "
+                                 f"context window of {limit} tokens (prompt included).")
         if request.max_tokens is None:
             request.max_tokens = self.options.default_max_tokens
         try:
@@ -166,8 +165,6 @@ class Engine:
                 async for event in iterate_in_thread(lambda cancel: generate(model, request, cancel)):
                     self._observe(model_id, event)
                     yield event
-        except ModelNotInstalled:
-            raise EngineError(404, "The model is not available locally.", "model_not_found") from None
         except Cancelled:
             return
 
@@ -181,7 +178,7 @@ class Engine:
     def _scheduled(self, model_id: str) -> bool:
         """Language models run all their work on their batch scheduler's thread; vision models,
         whose requests carry images, take the model exclusively instead."""
-        return self.store.get(model_id).kind == LANGUAGE
+        return self.installed(model_id).kind == LANGUAGE
 
     def _scheduler(self, model: LoadedModel) -> Scheduler:
         scheduler = model.caches.get("scheduler")
@@ -201,29 +198,26 @@ class Engine:
         `model_id` names a model `installed` found and `require_language_model` accepted.
         """
         run: DecisionRun | None = None
-        try:
-            if self._scheduled(model_id):
-                async with self.pool.share(model_id, self._rows()) as model:
-                    scheduler = self._scheduler(model)
-                    run = DecisionRun(model, job, prefix_reuse=self.options.decision_prefix_reuse)
-                    await scheduler.run(run.start)
-                    if run.joins_others and not run.done:
-                        await scheduler.score(run)  # in passes shared with concurrent decision requests
-                    while not run.done:
-                        # The suffixes in batched passes, a few rows a turn: the decode steps of other
-                        # requests on the model go on between the turns.
-                        await scheduler.run(lambda: run.score_batch(max_rows=DECISION_ROWS))
-            else:
-                while run is None or not run.done:
-                    async with self.pool.use(model_id, admit=run is None) as model:
-                        if run is None:
-                            run = DecisionRun(model, job, prefix_reuse=self.options.decision_prefix_reuse)
-                            step = run.start
-                        else:
-                            step = run.score_next
-                        await _in_thread(step)
-        except ModelNotInstalled:
-            raise EngineError(404, "The model is not available locally.", "model_not_found") from None
+        if self._scheduled(model_id):
+            async with self.pool.share(model_id, self._rows()) as model:
+                scheduler = self._scheduler(model)
+                run = DecisionRun(model, job, prefix_reuse=self.options.decision_prefix_reuse)
+                await scheduler.run(run.start)
+                if run.joins_others and not run.done:
+                    await scheduler.score(run)  # in passes shared with concurrent decision requests
+                while not run.done:
+                    # The suffixes in batched passes, a few rows a turn: the decode steps of other
+                    # requests on the model go on between the turns.
+                    await scheduler.run(lambda: run.score_batch(max_rows=DECISION_ROWS))
+        else:
+            while run is None or not run.done:
+                async with self.pool.use(model_id, admit=run is None) as model:
+                    if run is None:
+                        run = DecisionRun(model, job, prefix_reuse=self.options.decision_prefix_reuse)
+                        step = run.start
+                    else:
+                        step = run.score_next
+                    await _in_thread(step)
         result = run.result()
         if self.on_decisions is not None:
             self.on_decisions(model_id, len(result.answers), result.shared_prefix_tokens)
@@ -232,23 +226,17 @@ class Engine:
     async def predict_checkpoint(self, model_id: str, state: Any, questions: dict[str, dict[str, Any]],
                                  images: list[Any]) -> CheckpointResult:
         """Answer System One questions on a decision checkpoint (kind "decision"), in one turn."""
-        try:
-            async with self.pool.use(model_id) as model:
-                return await _in_thread(lambda: predict(model.checkpoint, state, questions, images))
-        except ModelNotInstalled:
-            raise EngineError(404, "The model is not available locally.", "model_not_found") from None
+        async with self.pool.use(model_id) as model:
+            return await _in_thread(lambda: predict(model.checkpoint, state, questions, images))
 
     async def embed(self, model_id: str, texts: list[str], dimensions: int | None = None) -> Embeddings:
         """Unit-length embeddings of `texts` on an embedding model, in one turn on the model."""
-        try:
-            async with self.pool.use(model_id) as model:
-                def work() -> Embeddings:
-                    check_dimensions(model.id, spec_of(model), dimensions)
-                    return embed(model, tokenize(model, texts), dimensions)
+        async with self.pool.use(model_id) as model:
+            def work() -> Embeddings:
+                check_dimensions(model.id, spec_of(model), dimensions)
+                return embed(model, tokenize(model, texts), dimensions)
 
-                return await _in_thread(work)
-        except ModelNotInstalled:
-            raise EngineError(404, "The model is not available locally.", "model_not_found") from None
+            return await _in_thread(work)
 
     async def speak(self, model_id: str, text: str, voice: str | None, speed: float) -> AsyncIterator[Segment]:
         """Audio segments of `text` on a text-to-speech model, as the model makes them; stop iterating
@@ -257,8 +245,6 @@ class Engine:
             async with self.pool.use(model_id) as model:
                 async for segment in iterate_in_thread(lambda cancel: synthesize(model, text, voice, speed, cancel)):
                     yield segment
-        except ModelNotInstalled:
-            raise EngineError(404, "The model is not available locally.", "model_not_found") from None
         except Cancelled:
             return
 
@@ -266,22 +252,19 @@ class Engine:
         """The installed model id for `name`, refusing models that do not turn speech into text."""
         model = self.installed(name)
         if model.kind != SPEECH_TO_TEXT:
-            raise EngineError(400, f"Model '{name}' is not a supported audio model")
+            raise WrongModel(f"Model '{name}' is not a supported audio model")
         return model.id
 
     async def transcribe(self, model_id: str, audio: Any, *, language: str | None = None,
                          prompt: str | None = None, temperature: float = 0.0) -> Transcript:
         """Speech to text on a model `resolve_speech_model` found: 16 kHz mono samples in, one turn."""
         cancel = threading.Event()
-        try:
-            async with self.pool.use(model_id) as model:
-                if language is not None and language != "en" and not is_multilingual(model):
-                    raise EngineError(400, f"Model '{model_id}' transcribes English only; language "
-                                           f"'{language}' is not supported by it.")
-                return await _in_thread(lambda: transcribe(model, audio, language=language, prompt=prompt,
-                                                           temperature=temperature, cancel=cancel), cancel)
-        except ModelNotInstalled:
-            raise EngineError(404, "The model is not available locally.", "model_not_found") from None
+        async with self.pool.use(model_id) as model:
+            if language is not None and language != "en" and not is_multilingual(model):
+                raise BadInput(f"Model '{model_id}' transcribes English only; language '{language}' is not "
+                               "supported by it.")
+            return await _in_thread(lambda: transcribe(model, audio, language=language, prompt=prompt,
+                                                       temperature=temperature, cancel=cancel), cancel)
 
     async def close(self) -> None:
         await self.pool.close()

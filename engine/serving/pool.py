@@ -25,14 +25,13 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from swama.engine.errors import EngineError
-from swama.engine.files.store import ModelStore
+from swama.engine.errors import RETRY_AFTER_SECONDS, Busy, EngineError, LoadFailed, NotFound, Unavailable
+from swama.engine.files.store import InstalledModel, ModelStore
 from swama.engine.model import LoadedModel, load_model
 from swama.engine.serving.memory import available_bytes, gib, model_bytes
 from swama.engine.serving.threads import run_parked
 
 log = logging.getLogger("swama.pool")
-RETRY_AFTER_SECONDS = 1
 
 
 @dataclass
@@ -53,12 +52,11 @@ class _Entry:
         return self.active - self.running()
 
 
-def _load_failed(model_id: str, path: object, exc: Exception) -> EngineError:
+def _load_failed(model_id: str, path: object, exc: Exception) -> LoadFailed:
     """A model whose files do not load: damaged, incomplete or not what their config says."""
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return EngineError(500, f"Model '{model_id}' could not be loaded from {path}: {reason[:300]}. Its files may "
-                            f"be damaged or incomplete; reinstall it (swama rm {model_id}, then swama pull or "
-                            "swama create).", "model_load_failed")
+    return LoadFailed(f"Model '{model_id}' could not be loaded from {path}: {reason[:300]}. Its files may be "
+                      f"damaged or incomplete; reinstall it (swama rm {model_id}, then swama pull or swama create).")
 
 
 class ModelPool:
@@ -79,6 +77,13 @@ class ModelPool:
         self._entries: dict[str, _Entry] = {}
         self._reaper: asyncio.Task[None] | None = None
 
+    def _installed(self, name: str) -> InstalledModel:
+        """The installed model `name` names; NotFound (a 404) when there is none."""
+        installed = self.store.find(name)
+        if installed is None:
+            raise NotFound()
+        return installed
+
     def loaded(self) -> list[str]:
         return [k for k, e in self._entries.items() if e.model is not None]
 
@@ -86,7 +91,7 @@ class ModelPool:
         if entry.model is not None:
             return entry.model
         if entry.loading is None:
-            installed = self.store.get(model_id)
+            installed = self._installed(model_id)
             need = model_bytes(installed.path, self.float_bytes)
             self._make_room(installed.id, need)
             entry.nbytes = need
@@ -132,11 +137,11 @@ class ModelPool:
         if need > free:
             busy = ", ".join(k for k in self._entries if k != model_id and (self._entries[k].model or
                                                                            self._entries[k].loading))
-            raise EngineError(503, f"Not enough memory to load model '{model_id}': it needs about {gib(need)} and "
-                                   f"{gib(max(free, 0))} is free {where}"
-                                   + (f"; the loaded models ({busy}) are busy, retry when they finish." if busy
-                                      else "; free memory or use a smaller (quantized) model."),
-                              "insufficient_memory", headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+            raise Unavailable(f"Not enough memory to load model '{model_id}': it needs about {gib(need)} and "
+                              f"{gib(max(free, 0))} is free {where}"
+                              + (f"; the loaded models ({busy}) are busy, retry when they finish." if busy
+                                 else "; free memory or use a smaller (quantized) model."),
+                              code="insufficient_memory")
 
     def running(self) -> int:
         """Operations (and batch rows) running on a model now."""
@@ -147,21 +152,17 @@ class ModelPool:
         return sum(e.waiting() for e in self._entries.values())
 
     def _admit(self, model_id: str, entry: _Entry, shared: bool) -> None:
-        busy = {"Retry-After": str(RETRY_AFTER_SECONDS)}
         waiting_here = entry.waiting()
         if shared and entry.shared < entry.capacity and not waiting_here:
             return  # a free batch row
         if not shared and not (entry.lock.locked() or waiting_here or self._slots.locked()):
             return  # it runs at once: nothing to queue behind
         if waiting_here >= self.max_model_queue:
-            raise EngineError(429, f"Too many requests: server at capacity for model '{model_id}' "
-                                   f"({waiting_here} waiting, the limit is {self.max_model_queue}, "
-                                   f"--max-model-queue); retry after {RETRY_AFTER_SECONDS} s.",
-                              "rate_limit_exceeded", headers=busy)
+            raise Busy(f"Too many requests: server at capacity for model '{model_id}' ({waiting_here} waiting, "
+                       f"the limit is {self.max_model_queue}, --max-model-queue); retry after {RETRY_AFTER_SECONDS} s.")
         if self.waiting() >= self.max_queue:
-            raise EngineError(429, f"Too many requests: server at capacity ({self.waiting()} waiting across "
-                                   f"models, the limit is {self.max_queue}, --max-queue); retry after "
-                                   f"{RETRY_AFTER_SECONDS} s.", "rate_limit_exceeded", headers=busy)
+            raise Busy(f"Too many requests: server at capacity ({self.waiting()} waiting across models, the "
+                       f"limit is {self.max_queue}, --max-queue); retry after {RETRY_AFTER_SECONDS} s.")
 
     async def _acquire(self, lock: asyncio.Lock | asyncio.Semaphore, deadline: float, model_id: str) -> None:
         try:
@@ -170,16 +171,15 @@ class ModelPool:
         except TimeoutError:
             raise self._timed_out(model_id) from None
 
-    def _timed_out(self, model_id: str) -> EngineError:
-        return EngineError(503, f"Timed out after {self.queue_timeout:g} s waiting for model '{model_id}' "
-                                "(--queue-timeout); the server is busy, retry later.", "queue_timeout",
-                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+    def _timed_out(self, model_id: str) -> Unavailable:
+        return Unavailable(f"Timed out after {self.queue_timeout:g} s waiting for model '{model_id}' "
+                           "(--queue-timeout); the server is busy, retry later.", code="queue_timeout")
 
     @contextlib.asynccontextmanager
     async def use(self, name: str, *, admit: bool = True) -> AsyncIterator[LoadedModel]:
         """Hold `name` exclusively (FIFO) for one operation. `admit=False` is for the later turns of
         work already admitted (a decision request's questions), which are never refused."""
-        installed = self.store.get(name)  # ModelNotInstalled before any waiting
+        installed = self._installed(name)  # not found before any waiting
         self._ensure_reaper()
         entry = self._entries.setdefault(installed.id, _Entry())
         if admit:
@@ -208,7 +208,7 @@ class ModelPool:
     async def share(self, name: str, capacity: int) -> AsyncIterator[LoadedModel]:
         """Hold `name` loaded, without exclusivity, for work its batch scheduler runs; `capacity`
         holders run at once and the ones past it count against the queue limits."""
-        installed = self.store.get(name)
+        installed = self._installed(name)
         self._ensure_reaper()
         entry = self._entries.setdefault(installed.id, _Entry())
         entry.capacity = capacity

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from swama.engine.decisions.decide import DecisionRun, pick_rows, score_across
-from swama.engine.errors import Cancelled, EngineError
+from swama.engine.errors import Cancelled, ContextTooLong, EngineError, Failed, Unavailable
 from swama.engine.model import LoadedModel
 from swama.engine.serving.prompt_cache import PromptCache, cacheable
 from swama.engine.serving.threads import THREADS
@@ -167,7 +167,7 @@ class Scheduler:
     def _submit(self, change: Callable[[], None]) -> None:
         with self._wake:
             if self._closed:
-                raise EngineError(503, f"Model '{self.model.id}' is being unloaded; retry.", "model_unloading")
+                raise Unavailable(f"Model '{self.model.id}' is being unloaded; retry.", code="model_unloading")
             change()
             self._wake.notify()
 
@@ -201,14 +201,15 @@ class Scheduler:
                         self._step()
                     except Exception as exc:  # the whole batch failed: answer every row, start afresh
                         log.exception("batch step failed on %s", self.model.id)
-                        self._fail_all(EngineError(500, f"Generation failed: {exc}", "generation_failed"))
+                        self._fail_all(Failed(f"Generation failed: {exc}", code="generation_failed"))
                     if not self._active:
                         mx.clear_cache()  # idle again: hand the freed buffers back to the system
-        self._fail_all(EngineError(503, f"Model '{self.model.id}' was unloaded; retry.", "model_unloading"))
+        unloaded = Unavailable(f"Model '{self.model.id}' was unloaded; retry.", code="model_unloading")
+        self._fail_all(unloaded)
         for _, future in self._tasks:
             future.cancel()
         for _, future in list(self._decisions):
-            self._settle(future, EngineError(503, f"Model '{self.model.id}' was unloaded; retry.", "model_unloading"))
+            self._settle(future, unloaded)
         if self._gen is not None:
             self._gen.close()
 
@@ -292,9 +293,8 @@ class Scheduler:
             ids = prepare(self.model, job.request).ids
             budget = token_budget(job.request, len(ids))
             if budget <= 0:
-                raise EngineError(400, f"The prompt ({len(ids)} tokens) leaves no room to generate in the context "
-                                       f"window of {job.request.effective_context_limit} tokens.",
-                                  "context_length_exceeded")
+                raise ContextTooLong(f"The prompt ({len(ids)} tokens) leaves no room to generate in the context "
+                                     f"window of {job.request.effective_context_limit} tokens.")
             sampler, processors = make_sampling(self.model, job.request.sampling)
             cache, job.reused = self.store.take(ids) if self.store is not None else (None, 0)
             gen = self._generator(stream)

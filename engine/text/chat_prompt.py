@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from swama.engine.errors import EngineError
+from swama.engine.errors import BadInput, ContextTooLong
 
 TOOL_INSTRUCTIONS = (
     "You can call these tools:\n{tools}\n\n"
@@ -33,8 +33,7 @@ def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str
     try:
         return tokenizer.apply_chat_template(messages, **kwargs)
     except Exception as exc:  # jinja raises its own types; the message is what the user needs
-        raise EngineError(400, f"The model's chat template refused these messages: {exc}",
-                          "invalid_request") from None
+        raise BadInput(f"The model's chat template refused these messages: {exc}") from None
 
 
 def template_renders_tools(tokenizer: Any) -> bool:
@@ -43,7 +42,7 @@ def template_renders_tools(tokenizer: Any) -> bool:
                                               "parameters": {"type": "object", "properties": {}}}}]
     try:
         return "swama_probe_tool" in _render(tokenizer, probe, tool)
-    except EngineError:
+    except BadInput:
         return False
 
 
@@ -127,5 +126,5 @@ def _trim(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, 
         rest = [x for x in messages if x.get("content") or x["role"] != "assistant"]
         if rest:
             size = len(encode(tokenizer, _render(tokenizer, rest, tools)))
-    raise EngineError(400, f"Prompt still exceeds context limit ({size} > {limit}) after trimming.",
-                      "context_limit_exceeded")
+    raise ContextTooLong(f"Prompt still exceeds context limit ({size} > {limit}) after trimming.",
+                         code="context_limit_exceeded")

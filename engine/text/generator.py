@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from swama.engine.decisions.scorer import IMAGES_NEED_VISION
-from swama.engine.errors import Cancelled, EngineError
+from swama.engine.errors import BadInput, Cancelled, ContextTooLong
 from swama.engine.kinds.vision import MULTIMODAL_CONTEXT_LIMIT, Prefill
 from swama.engine.model import LoadedModel
 from swama.engine.serving.prompt_cache import PromptCache, cacheable
@@ -45,7 +45,7 @@ class Sampling:
               and self.repetition_context_size > 0
               and all(p is None or -2 <= p <= 2 for p in (self.presence_penalty, self.frequency_penalty)))
         if not ok:
-            raise EngineError(400, OUT_OF_RANGE)
+            raise BadInput(OUT_OF_RANGE)
 
 
 @dataclass
@@ -96,14 +96,14 @@ def native_tools(model: LoadedModel) -> bool:
 
 def prepare(model: LoadedModel, request: ChatRequest) -> Prompt:
     if not model.has_chat_template:
-        raise EngineError(400, "This model has no chat template; it cannot serve chat requests.")
+        raise BadInput("This model has no chat template; it cannot serve chat requests.")
     if not request.messages:
-        raise EngineError(400, "Generation requires at least one message.")
+        raise BadInput("Generation requires at least one message.")
     request.sampling.check()
     if request.max_tokens is not None and request.max_tokens <= 0:
-        raise EngineError(400, OUT_OF_RANGE)
+        raise BadInput(OUT_OF_RANGE)
     if request.images and model.vision is None:
-        raise EngineError(400, IMAGES_NEED_VISION, "invalid_image")
+        raise BadInput(IMAGES_NEED_VISION, code="invalid_image")
     return build_prompt(model.tokenizer, request.messages, request.tools, request.effective_context_limit,
                         native_tools(model))
 
@@ -113,8 +113,8 @@ def _multimodal(model: LoadedModel, prompt: Prompt, request: ChatRequest) -> Pre
     processed = model.vision.process(prompt.text, request.images)
     limit = request.effective_context_limit
     if len(processed.ids) >= limit:
-        raise EngineError(400, f"Prompt with images exceeds the context limit ({len(processed.ids)} >= {limit}).",
-                          "context_limit_exceeded")
+        raise ContextTooLong(f"Prompt with images exceeds the context limit ({len(processed.ids)} >= {limit}).",
+                             code="context_limit_exceeded")
     return model.vision.embed(processed)
 
 

@@ -1,4 +1,5 @@
-"""Errors and the error envelope each route family documents.
+"""Errors and the error envelope each route family documents: the one place where a refusal, the
+handlers' own (`ApiError`) or any of the engine's (`engine_error`), becomes a response body.
 
 - OpenAI routes:  {"error": {"message", "type", "param", "code"}}
 - /v1/decisions:  {"error": {"message", "type"}}
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from swama.engine.errors import EngineError
 
 
 @dataclass
@@ -31,6 +34,12 @@ class ApiError(Exception):
         if self.kind is not None:
             return self.kind
         return "invalid_request_error" if self.status < 500 else "server_error"
+
+
+def engine_error(exc: EngineError) -> ApiError:
+    """Any engine error as the HTTP refusal its class stands for."""
+    param = "model" if exc.code == "model_not_found" else exc.param
+    return ApiError(exc.status, exc.message, code=exc.code, param=param, headers=exc.headers)
 
 
 def bad_request(message: str, *, code: str = "invalid_value", param: str | None = None) -> ApiError:

@@ -29,9 +29,8 @@ from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
-from swama.engine.decisions.scorer import DecisionError
 from swama.engine.errors import EngineError
-from swama.handlers.http.errors import ApiError, bad_request, error_body
+from swama.handlers.http.errors import ApiError, bad_request, engine_error, error_body
 from swama.handlers.http.schema_errors import openai_schema_error
 from swama.handlers.http.settings import Settings
 from swama.handlers.http.strict_json import StrictJSONError, parse_strict_json
@@ -334,8 +333,6 @@ async def dispatch(op: Operation, request: Request) -> Response:
         return error_response(op, err, call.extra_headers)
     except EngineError as exc:
         return error_response(op, engine_error(exc), call.extra_headers)
-    except DecisionError as exc:
-        return error_response(op, ApiError(exc.status, exc.message), call.extra_headers)
     except Exception:  # a bug or a backend failure: never leak a traceback, never a bare 500 page
         log.exception("unhandled error in %s", op.operation_id)
         return error_response(op, ApiError(500, "Internal server error.", code="server_error"), call.extra_headers)
@@ -344,7 +341,3 @@ async def dispatch(op: Operation, request: Request) -> Response:
         return result
     return JSONResponse(result, headers=call.extra_headers)
 
-
-def engine_error(exc: EngineError) -> ApiError:
-    param = "model" if exc.code == "model_not_found" else exc.param
-    return ApiError(exc.status, exc.message, code=exc.code, param=param, headers=exc.headers)

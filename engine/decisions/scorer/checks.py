@@ -7,8 +7,7 @@ from typing import Protocol
 
 import numpy as np
 
-INVALID_REQUEST = "invalid_request_error"
-SERVER_ERROR = "server_error"
+from swama.engine.errors import DecisionError
 
 CHAT_TEMPLATE_REQUIRED = "Decision scoring requires a chat template."
 CONTEXT_EXCEEDED = "The decision prompt exceeds the configured context limit."
@@ -24,19 +23,6 @@ REASONING_OPENERS = ("<think>", "[THINK]")
 _THINK_PAIRS = (("<think>", "</think>"), ("[THINK]", "[/THINK]"))
 _CHANNEL_MARKERS = ("<|channel|>", "<|channel>")
 _OPEN_CHANNELS = ("analysis", "thought")
-
-
-class DecisionError(Exception):
-    """A refusal of the whole decision request, mapped by each route onto its error envelope."""
-
-    def __init__(self, status: int, message: str, type: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type or (SERVER_ERROR if status >= 500 else INVALID_REQUEST)
-
-    def __repr__(self) -> str:
-        return f"DecisionError({self.status}, {self.message!r}, {self.type!r})"
 
 
 class _TextCodec(Protocol):
