@@ -25,6 +25,7 @@ message. Each carries:
     ├── OutOfMemory          507  not enough memory to finish the work
     ├── DecisionError        400/500  a refusal of a whole decision request, or an answer the
     │                             model could not give
+    ├── SettingsError        400  an option out of its bounds (engine/settings.py)
     └── ModelFileError       400  installing, converting or reading model files
         ├── StoreError            the model store (a bad id, a missing model)
         ├── PullError             fetching a model from where it is published

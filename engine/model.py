@@ -1,9 +1,11 @@
-"""A loaded model: weights, tokenizer and what the engine needs to know about them.
+"""A loaded model: weights, tokenizer, what the engine needs to know about them, and the state the
+engine keeps beside them.
 
 Language models load through mlx-lm, vision-language models through mlx-vlm; both present the same
 face to the generator and the scorer: `network()` is a callable in mlx-lm's shape (token ids and a
 cache in, logits out) and `tokenizer` is mlx-lm's tokenizer wrapper. A vision model adds `vision`,
-its processor and image encoder.
+its processor and image encoder. Each kind's loader lives with the kind (serving/loaders.py lists
+them); this module imports none of them.
 """
 
 from __future__ import annotations
@@ -11,18 +13,28 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from swama.engine.kinds import (
-    DECISION,
-    EMBEDDING,
-    LANGUAGE,
-    SPEECH_TO_TEXT,
-    TEXT_TO_SPEECH,
-    VISION,
-    kind_of,
-)
+from swama.engine.kinds import LANGUAGE
 from swama.engine.runtime import compute_dtype
+
+if TYPE_CHECKING:  # each field's owner; imported for the annotations only
+    from swama.engine.decisions.checkpoints import DecisionCheckpoint
+    from swama.engine.decisions.decide import DecisionState
+    from swama.engine.kinds.embeddings import EmbeddingSpec
+    from swama.engine.kinds.vision import VisionSupport
+    from swama.engine.serving.prompt_cache import PromptCache
+    from swama.engine.serving.scheduler import Scheduler
+
+
+@dataclass
+class ModelState:
+    """What the engine keeps beside a loaded model's weights, each field set by the module named."""
+
+    scheduler: Scheduler | None = None  # serving/engine.py: the thread that runs a language model's work
+    prompt_cache: PromptCache | None = None  # serving/engine.py; None where the model keeps none
+    native_tools: bool | None = None  # text/generator.py: whether the chat template renders tools itself
+    decisions: DecisionState | None = None  # decisions/decide.py: label tokens, openers, head split, bounds
 
 
 @dataclass
@@ -30,13 +42,14 @@ class LoadedModel:
     id: str
     path: Path
     model: Any  # mlx.nn.Module
-    tokenizer: Any  # mlx_lm TokenizerWrapper
+    tokenizer: Any  # mlx_lm TokenizerWrapper (the Hugging Face tokenizer for embedding models)
     config: dict[str, Any]
     eos_ids: set[int]
-    caches: dict[str, Any] = field(default_factory=dict)  # per-model scratch: prompt cache, label sets
     kind: str = LANGUAGE
-    vision: Any = None  # VisionSupport, for vision-language models
-    checkpoint: Any = None  # DecisionCheckpoint, for decision checkpoints (their own decision head)
+    vision: VisionSupport | None = None  # vision-language models: processor and image encoder
+    checkpoint: DecisionCheckpoint | None = None  # decision checkpoints: their own decision head
+    embedding: EmbeddingSpec | None = None  # embedding models: width, longest input, padding
+    state: ModelState = field(default_factory=ModelState)
 
     def network(self) -> Any:
         """The model to run one request on. A vision model's language model keeps positional
@@ -45,10 +58,8 @@ class LoadedModel:
 
     def close(self) -> None:
         """Stop what serves this model (its batch scheduler's thread) before it is dropped."""
-        for value in self.caches.values():
-            close = getattr(value, "close", None)
-            if callable(close):
-                close()
+        if self.state.scheduler is not None:
+            self.state.scheduler.close()
 
     @property
     def has_chat_template(self) -> bool:
@@ -59,7 +70,8 @@ class LoadedModel:
         return int(self.config.get("vocab_size") or len(self.tokenizer.get_vocab()))
 
 
-def _eos_ids(path: Path, tokenizer: Any) -> set[int]:
+def eos_ids_of(path: Path, tokenizer: Any) -> set[int]:
+    """Every end-of-sequence token the model folder and its tokenizer name."""
     ids: set[int] = set()
     for name in ("config.json", "generation_config.json"):
         try:
@@ -82,65 +94,3 @@ def cast_for_device(model: Any) -> None:
 
     model.set_dtype(compute_dtype())
     mx.eval(model.parameters())
-
-
-def load_language_model(model_id: str, path: Path) -> LoadedModel:
-    from mlx_lm import load
-
-    model, tokenizer = load(str(path))
-    cast_for_device(model)
-    config = json.loads((path / "config.json").read_text())
-    return LoadedModel(model_id, path, model, tokenizer, config, _eos_ids(path, tokenizer))
-
-
-def load_vision_language_model(model_id: str, path: Path) -> LoadedModel:
-    """mlx-vlm's model and processor; the tokenizer is mlx-lm's wrapper over the same files, so
-    text is encoded, rendered and detokenized exactly as for a language model."""
-    from mlx_lm.utils import load_tokenizer
-
-    from swama.engine.kinds.vision import VisionSupport, load_vision_model
-
-    model, processor = load_vision_model(path)
-    cast_for_device(model)
-    tokenizer = load_tokenizer(path)
-    config = json.loads((path / "config.json").read_text())
-    text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-    merged = {**text_config, **{k: v for k, v in config.items() if k != "text_config"}}
-    return LoadedModel(model_id, path, model, tokenizer, merged, _eos_ids(path, tokenizer), kind=VISION,
-                       vision=VisionSupport(model, processor))
-
-
-def load_decision_checkpoint(model_id: str, path: Path) -> LoadedModel:
-    """A Clef or PPLX-Decider checkpoint through mlx-vlm; it answers only decisions."""
-    from mlx_lm.utils import load_tokenizer
-
-    from swama.engine.decisions.checkpoints import load_checkpoint
-
-    checkpoint = load_checkpoint(path)
-    cast_for_device(checkpoint.model)
-    tokenizer = load_tokenizer(path)
-    config = json.loads((path / "config.json").read_text())
-    return LoadedModel(model_id, path, checkpoint.model, tokenizer, config, _eos_ids(path, tokenizer),
-                       kind=DECISION, checkpoint=checkpoint)
-
-
-def load_model(model_id: str, path: Path) -> LoadedModel:
-    """Load the model in `path` with the library its kind needs."""
-    kind = kind_of(path)
-    if kind == VISION:
-        return load_vision_language_model(model_id, path)
-    if kind == DECISION:
-        return load_decision_checkpoint(model_id, path)
-    if kind == EMBEDDING:
-        from swama.engine.kinds.embeddings import load_embedding_model
-
-        return load_embedding_model(model_id, path)
-    if kind == SPEECH_TO_TEXT:
-        from swama.engine.kinds.transcription import load_speech_to_text_model
-
-        return load_speech_to_text_model(model_id, path)
-    if kind == TEXT_TO_SPEECH:
-        from swama.engine.kinds.speech import load_text_to_speech_model
-
-        return load_text_to_speech_model(model_id, path)
-    return load_language_model(model_id, path)

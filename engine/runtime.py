@@ -8,6 +8,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from swama.engine.settings import RuntimeSettings, read
+
 # MLX's Linux CPU wheel links a slow reference BLAS; its sgemm calls resolve by symbol name, so a
 # preloaded BLAS with the standard cblas symbols replaces it (10-30x faster float32 matmuls on CPU):
 # Intel's MKL from its PyPI wheel (`pip install mkl`, no root needed), else the system's OpenBLAS.
@@ -17,12 +19,16 @@ OPENBLAS_CANDIDATES = (
     "/usr/lib64/libopenblasp.so.0",
 )
 REEXEC_MARK = "SWAMA_BLAS_PRELOADED"
-BLAS_CHOICES = ("auto", "openblas", "mkl", "bundled")
 SLOW_BLAS_NOTE = (
     "note: MLX is using its bundled reference BLAS, about 10x slower on the CPU than a tuned one. "
     "Fix: pip install mkl (no root needed, and the faster one), or sudo apt-get install libopenblas0-pthread "
     "(Debian/Ubuntu); swama preloads either automatically at the next start."
 )
+
+
+def _settings() -> RuntimeSettings:
+    """The process-wide choices, read from the environment each time (flags are put there)."""
+    return read(RuntimeSettings)
 
 
 @dataclass(frozen=True)
@@ -76,7 +82,7 @@ def fast_blas() -> Blas | None:
     """The BLAS to preload: `SWAMA_BLAS` picks one. auto: MKL's wheel when it is installed, else the
     system OpenBLAS. MKL goes first because it serves a model faster: its small-row matmuls, which
     every decode step is made of, decode 1.3-2.0x faster than OpenBLAS's (`tools.bench.blas`)."""
-    choice = os.environ.get("SWAMA_BLAS", "auto").strip().lower()
+    choice = _settings().blas
     if choice == "bundled":
         return None
     if choice == "openblas":
@@ -110,7 +116,7 @@ def reexec_with_fast_blas(argv: list[str], module: str = "swama.handlers.cli") -
 
     Only on Linux; `SWAMA_OPENBLAS=0` turns it off, `SWAMA_BLAS` picks which one.
     """
-    if sys.platform != "linux" or os.environ.get("SWAMA_OPENBLAS", "1") == "0" or os.environ.get(REEXEC_MARK):
+    if sys.platform != "linux" or not _settings().openblas or os.environ.get(REEXEC_MARK):
         return
     if will_use_gpu():  # the BLAS serves the CPU backend only
         return
@@ -123,8 +129,6 @@ def reexec_with_fast_blas(argv: list[str], module: str = "swama.handlers.cli") -
     os.execve(sys.executable, [sys.executable, "-m", module, *argv], env)
 
 
-DEVICE_CHOICES = ("auto", "gpu", "cpu")
-DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 # Distributions that ship a GPU build of libmlx (one MLX backend per environment).
 GPU_BUILDS = ("mlx-cuda-13", "mlx-cuda-12", "mlx-metal")
 
@@ -132,13 +136,7 @@ GPU_BUILDS = ("mlx-cuda-13", "mlx-cuda-12", "mlx-metal")
 def requested_device() -> str:
     """The device asked for: `SWAMA_DEVICE` (what `--device` sets: auto, gpu, cpu), else
     `SWAMA_BACKEND` (cuda or cpu, the install-time name), else auto."""
-    choice = os.environ.get("SWAMA_DEVICE", "").strip().lower()
-    if not choice:
-        backend = os.environ.get("SWAMA_BACKEND", "").strip().lower()
-        choice = {"cuda": "gpu", "gpu": "gpu", "metal": "gpu", "cpu": "cpu"}.get(backend, "auto")
-    if choice not in DEVICE_CHOICES:
-        raise ValueError(f"unknown device {choice!r}: choose one of {', '.join(DEVICE_CHOICES)}")
-    return choice
+    return _settings().requested_device
 
 
 def gpu_build() -> str | None:
@@ -182,10 +180,7 @@ def will_use_gpu() -> bool:
 
 
 def requested_dtype() -> str:
-    choice = os.environ.get("SWAMA_DTYPE", "auto").strip().lower() or "auto"
-    if choice not in DTYPE_CHOICES:
-        raise ValueError(f"unknown dtype {choice!r}: choose one of {', '.join(DTYPE_CHOICES)}")
-    return choice
+    return _settings().dtype
 
 
 _ACTIVE: str | None = None

@@ -17,6 +17,7 @@ from live_server import LiveServer, start_server
 from swama.engine.errors import EngineError
 from swama.engine.files.store import ModelStore
 from swama.engine.serving.pool import ModelPool
+from swama.engine.settings import EngineSettings
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +34,7 @@ async def _hold(pool: ModelPool, started: asyncio.Event, release: asyncio.Event,
 
 def test_the_model_queue_is_bounded_and_the_refusal_says_when_to_retry(store_root: Path) -> None:
     async def scenario() -> None:
-        pool = ModelPool(ModelStore(store_root), max_model_queue=2, max_queue=100)
+        pool = ModelPool(ModelStore(store_root), EngineSettings(max_model_queue=2, max_queue=100))
         release = asyncio.Event()
         running = asyncio.Event()
         holder = asyncio.ensure_future(_hold(pool, running, release))
@@ -61,7 +62,7 @@ def test_the_model_queue_is_bounded_and_the_refusal_says_when_to_retry(store_roo
 
 def test_the_server_wide_queue_is_bounded(store_root: Path) -> None:
     async def scenario() -> None:
-        pool = ModelPool(ModelStore(store_root), max_model_queue=100, max_queue=1)
+        pool = ModelPool(ModelStore(store_root), EngineSettings(max_model_queue=100, max_queue=1))
         release, running = asyncio.Event(), asyncio.Event()
         holder = asyncio.ensure_future(_hold(pool, running, release))
         await running.wait()
@@ -81,7 +82,7 @@ def test_the_server_wide_queue_is_bounded(store_root: Path) -> None:
 
 def test_a_request_that_waits_too_long_gives_up_with_503_and_leaves_the_queue(store_root: Path) -> None:
     async def scenario() -> None:
-        pool = ModelPool(ModelStore(store_root), queue_timeout=0.3)
+        pool = ModelPool(ModelStore(store_root), EngineSettings(queue_timeout=0.3))
         release, running = asyncio.Event(), asyncio.Event()
         holder = asyncio.ensure_future(_hold(pool, running, release))
         await running.wait()

@@ -18,7 +18,7 @@ import mlx.core as mx
 import pytest
 from precision import BF16_NEAR_TIE, parting, tol, top_two_gap
 
-from swama.engine.model import LoadedModel, load_language_model
+from swama.engine.model import LoadedModel
 from swama.engine.serving.scheduler import Scheduler
 from swama.engine.text.generator import (
     ChatRequest,
@@ -29,6 +29,7 @@ from swama.engine.text.generator import (
     make_sampling,
     prepare,
 )
+from swama.engine.text.language import load_language_model
 
 PROMPTS = ["Write a haiku about rivers.", "List three prime numbers.", "What is the capital of France?",
            "Tell me a short story about a cat who learns to swim in the sea.", "Hi", "Explain rain to a child."]

@@ -29,7 +29,8 @@ from swama.engine.decisions.scorer.batch_encode import (
     round_trips,
     shared_cut,
 )
-from swama.engine.model import LoadedModel, load_language_model
+from swama.engine.model import LoadedModel
+from swama.engine.text.language import load_language_model
 from tools.testmodels.tiny import build_tiny_model
 
 
@@ -118,7 +119,7 @@ def test_prepare_gives_each_question_its_own_full_encoding(tiny: LoadedModel) ->
 
 def test_the_head_runs_only_at_the_scored_positions(tiny: LoadedModel) -> None:
     net = tiny.model
-    split = head_split(net, {})
+    split = head_split(net)
     assert split is not None
     tokens = mx.array([list(range(1, 41)), list(range(41, 81))])
     rows, cols = mx.array([0, 1]), mx.array([39, 17])
@@ -133,7 +134,7 @@ def test_the_head_runs_only_at_the_scored_positions(tiny: LoadedModel) -> None:
 
 
 def test_a_forward_that_changes_the_logits_after_the_head_keeps_the_whole_forward(tiny: LoadedModel) -> None:
-    body, head = head_split(tiny.model, {})
+    body, head = head_split(tiny.model)
     assert not _verified(tiny.model, (body, lambda h: head(h) * 2.0))
 
 

@@ -18,8 +18,9 @@ from swama.engine.decisions.scorer import (
     decision_score_view,
     predicate_view,
 )
-from swama.engine.model import LoadedModel, load_language_model
+from swama.engine.model import LoadedModel
 from swama.engine.serving.scheduler import Scheduler
+from swama.engine.text.language import load_language_model
 from tools.testmodels.tiny import build_tiny_model
 
 INPUT = "\n".join(f"Message {i}: the invoice for order {1000 + i} was charged twice; the customer wants a refund "
@@ -141,7 +142,7 @@ def test_max_rows_takes_the_questions_in_order(tiny: LoadedModel) -> None:
 def test_the_cache_copy_bound_splits_the_batch(tiny: LoadedModel) -> None:
     run = started(tiny)
     widest = max(len(q.ids) for q in run.prepared)  # prefix plus the longest suffix
-    run.batch_cache_bytes = 3 * widest * kv_bytes_per_token(run._shared)
+    run.batch_cache_bytes = 3 * widest * kv_bytes_per_token(run.shared)
     spy = Spy(run)
     answers = run.score_batch()
     assert max(spy.rows) <= 3 and len(spy.rows) >= 7
@@ -153,7 +154,7 @@ def test_without_a_shared_prefix_whole_prompts_are_batched(tiny: LoadedModel, mo
     passes (a tight output bound takes a few rows at a time)."""
     monkeypatch.setattr(decide, "common_prefix", lambda sequences: 0)
     run = started(tiny)
-    assert run.prefix == 0 and run._shared is None and run.batches
+    assert run.prefix == 0 and run.shared is None and run.batches
     widest = max(len(q.ids) for q in run.prepared)
     run.batch_logits_bytes = 5 * widest * run.position_bytes
     per_chunk = run.batch_logits_bytes // (widest * run.position_bytes)

@@ -17,7 +17,7 @@ from precision import BF16_TINY_PROBABILITY, tol
 from live_server import LiveServer, start_server
 from swama.engine.decisions.decide import DecisionJob, DecisionRun
 from swama.engine.decisions.scorer import decision_choice_view, decision_score_view, predicate_view
-from swama.engine.model import load_language_model
+from swama.engine.text.language import load_language_model
 from tools.testmodels.tiny import build_tiny_model
 
 HYBRID = "test/tiny-qwen3_5"

@@ -24,7 +24,7 @@ from swama.engine.decisions.scorer import (
     labels_for,
     predicate_view,
 )
-from swama.engine.model import load_language_model
+from swama.engine.text.language import load_language_model
 
 SMOL = "smollm2"
 # bf16: two computations of SmolLM2's logits (steps of 0.125) may move a log-odds by BF16_NEAR_TIE,

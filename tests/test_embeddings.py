@@ -21,7 +21,8 @@ from precision import tol
 from live_server import LiveServer, start_server
 from swama.engine.errors import EngineError
 from swama.engine.kinds.embeddings import batches, check_dimensions, embed, spec_of, tokenize
-from swama.engine.model import LoadedModel, load_model
+from swama.engine.model import LoadedModel
+from swama.engine.serving.loaders import load_model
 
 MINILM_ID = "sentence-transformers/all-MiniLM-L6-v2"
 GEMMA_ID = "test/tiny-embeddinggemma"

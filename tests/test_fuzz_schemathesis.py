@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from live_server import LiveServer, start_server
-from swama.handlers.http.app import merged_spec
+from swama.handlers.http.openapi import merged_spec
 
 TINY = "test/tiny-qwen3"
 # The Clef routes' model field names a card, not a model; the server's Clef model (SmolLM2) answers.

@@ -12,8 +12,8 @@ import pytest
 
 from swama.engine.errors import EngineError, NotFound
 from swama.engine.files.store import ModelStore
-from swama.engine.model import load_language_model
 from swama.engine.serving.pool import ModelPool
+from swama.engine.settings import EngineSettings
 from swama.engine.text.chat_prompt import build_prompt, template_renders_tools
 from swama.engine.text.generator import (
     ChatRequest,
@@ -24,6 +24,7 @@ from swama.engine.text.generator import (
     _StopMatcher,
     generate,
 )
+from swama.engine.text.language import load_language_model
 from swama.engine.text.tool_calls import DEFAULT_FORMAT, ToolCallSplitter
 
 
@@ -183,7 +184,7 @@ def test_pool_shares_loads_runs_fifo_and_evicts(model_store: Path) -> None:
         return load_language_model(model_id, path)
 
     async def scenario() -> None:
-        pool = ModelPool(ModelStore(model_store), idle_seconds=0.5, loader=counting_loader)
+        pool = ModelPool(ModelStore(model_store), EngineSettings(idle_seconds=0.5), loader=counting_loader)
         order: list[int] = []
 
         async def use(i: int) -> None:

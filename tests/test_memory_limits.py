@@ -21,6 +21,7 @@ from swama.engine.errors import EngineError
 from swama.engine.files.store import ModelStore
 from swama.engine.serving.memory import model_bytes
 from swama.engine.serving.pool import ModelPool
+from swama.engine.settings import EngineSettings
 
 OTHER = "test/tiny-qwen3-copy"
 THIRD = "test/tiny-qwen3-third"
@@ -47,7 +48,7 @@ def test_a_load_that_does_not_fit_evicts_idle_models_first(store_root: Path, tin
     need = model_bytes(tiny_model_dir, 4)
 
     async def scenario() -> None:
-        pool = ModelPool(ModelStore(store_root), memory_limit=int(2.5 * need), float_bytes=4)
+        pool = ModelPool(ModelStore(store_root), EngineSettings(memory_limit=int(2.5 * need)), float_bytes=4)
         for name in (TINY_ID, OTHER):
             async with pool.use(name):
                 pass
@@ -65,7 +66,7 @@ def test_a_load_blocked_by_busy_models_is_a_503_naming_the_need(store_root: Path
     need = model_bytes(tiny_model_dir, 4)
 
     async def scenario() -> None:
-        pool = ModelPool(ModelStore(store_root), memory_limit=int(1.5 * need), float_bytes=4)
+        pool = ModelPool(ModelStore(store_root), EngineSettings(memory_limit=int(1.5 * need)), float_bytes=4)
         async with pool.use(TINY_ID):
             with pytest.raises(EngineError) as refused:
                 async with pool.use(OTHER):

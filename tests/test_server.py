@@ -172,7 +172,7 @@ def test_binding_all_interfaces_warns(tmp_path) -> None:
 
 
 def test_env_port_and_host_defaults(tmp_path) -> None:
-    from swama.handlers.http.settings import Settings
+    from swama.handlers.http.settings import ServerSettings as Settings
 
     assert Settings().host == "127.0.0.1" and Settings().port == 28100
     import os

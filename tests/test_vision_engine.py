@@ -20,7 +20,8 @@ from swama.engine.decisions.scorer import (
 )
 from swama.engine.errors import EngineError
 from swama.engine.kinds import VISION
-from swama.engine.model import LoadedModel, load_model
+from swama.engine.model import LoadedModel
+from swama.engine.serving.loaders import load_model
 from swama.engine.text.generator import ChatRequest, Finished, Sampling, generate
 
 # bf16: one shared encoding and prefix against one per question round the tiny models' logits

@@ -9,8 +9,10 @@ probabilities the checkpoint gives.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from swama.engine.decisions.scorer import DecisionError, ScoredAnswer
@@ -20,6 +22,8 @@ from swama.engine.decisions.scorer.math import (
     first_argmax,
     score_confidence,
 )
+from swama.engine.kinds import DECISION
+from swama.engine.model import LoadedModel, cast_for_device, eos_ids_of
 
 IMAGES_NOT_READ = "This decision checkpoint reads text only; it does not take images."
 
@@ -75,3 +79,15 @@ def _scored(question: Mapping[str, Any], answer: Mapping[str, Any]) -> ScoredAns
                             choice_confidence(probabilities), None)
     return ScoredAnswer("score", probabilities, first_argmax(probabilities), expected_score(probabilities),
                         score_confidence(probabilities), None)
+
+
+def load_decision_checkpoint(model_id: str, path: Path) -> LoadedModel:
+    """A Clef or PPLX-Decider checkpoint through mlx-vlm; it answers only decisions."""
+    from mlx_lm.utils import load_tokenizer
+
+    checkpoint = load_checkpoint(path)
+    cast_for_device(checkpoint.model)
+    tokenizer = load_tokenizer(path)
+    config = json.loads((path / "config.json").read_text())
+    return LoadedModel(model_id, path, checkpoint.model, tokenizer, config, eos_ids_of(path, tokenizer),
+                       kind=DECISION, checkpoint=checkpoint)

@@ -33,6 +33,7 @@ batch's logits and its copy of the prefix cache within `batch_logits_bytes` and
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +43,6 @@ import numpy as np
 from swama.engine.decisions.heads import Head, fill_cache, head_split, logits_at
 from swama.engine.decisions.scorer import (
     CHAT_TEMPLATE_REQUIRED,
-    IMAGES_NEED_VISION,
     DecisionError,
     HFLabelTokenizer,
     QuestionView,
@@ -59,6 +59,7 @@ from swama.engine.decisions.scorer import (
 )
 from swama.engine.decisions.scorer.batch_encode import encode_prompts, round_trips
 from swama.engine.decisions.scorer.checks import ROUND_TRIP_FAILED
+from swama.engine.kinds.tasks import IMAGES_NEED_VISION
 from swama.engine.kinds.vision import LOW_DETAIL_SIDE, MULTIMODAL_CONTEXT_LIMIT, Prefill, fit_within
 from swama.engine.model import LoadedModel
 
@@ -96,40 +97,56 @@ def _render(model: LoadedModel, content: str, image_count: int = 0) -> str:
                                                enable_thinking=False, tokenize=False)
 
 
-def _label_tokenizer(model: LoadedModel) -> HFLabelTokenizer:
-    if "label_tokenizer" not in model.caches:
-        model.caches["label_tokenizer"] = HFLabelTokenizer(model.tokenizer._tokenizer)
-    return model.caches["label_tokenizer"]
+class DecisionState:
+    """What the scorer works out once per loaded model (kept on `model.state.decisions`): the label
+    tokenizer, the pair labels for more than 26 options, the reasoning-opener ids, the label-token
+    memo, the verified head split and the bound on a batched pass's prefix copies."""
+
+    def __init__(self, model: LoadedModel) -> None:
+        self.model = model
+        self.label_memo: dict[Any, Any] = {}
+
+    @functools.cached_property
+    def label_tokenizer(self) -> HFLabelTokenizer:
+        return HFLabelTokenizer(self.model.tokenizer._tokenizer)
+
+    @functools.cached_property
+    def pair_labels(self) -> Sequence[str] | None:
+        return find_pair_labels(self.label_tokenizer, lambda c: _render(self.model, c))
+
+    @functools.cached_property
+    def opener_ids(self) -> list[int]:
+        return reasoning_opener_ids(self.label_tokenizer)
+
+    @functools.cached_property
+    def head_split(self) -> Head | None:
+        """The model's verified body and head (text models), so only scored positions are projected."""
+        return head_split(self.model.model) if self.model.vision is None else None
+
+    @functools.cached_property
+    def batch_cache_bytes(self) -> int:
+        return default_batch_cache_bytes()
 
 
-def _pair_labels(model: LoadedModel) -> Sequence[str] | None:
-    if "pair_labels" not in model.caches:
-        model.caches["pair_labels"] = find_pair_labels(_label_tokenizer(model), lambda c: _render(model, c))
-    return model.caches["pair_labels"]
-
-
-def _opener_ids(model: LoadedModel) -> list[int]:
-    if "opener_ids" not in model.caches:
-        model.caches["opener_ids"] = reasoning_opener_ids(_label_tokenizer(model))
-    return model.caches["opener_ids"]
+def decision_state(model: LoadedModel) -> DecisionState:
+    if model.state.decisions is None:
+        model.state.decisions = DecisionState(model)
+    return model.state.decisions
 
 
 def context_limit(job: DecisionJob) -> int:
     return min(job.context_limit, MULTIMODAL_CONTEXT_LIMIT) if job.images else job.context_limit
 
 
-def _label_memo(model: LoadedModel) -> dict:
-    return model.caches.setdefault("label_memo", {})
-
-
 def prepare(model: LoadedModel, job: DecisionJob) -> list[PreparedQuestion]:
     if not model.has_chat_template:
         raise DecisionError(400, CHAT_TEMPLATE_REQUIRED)
-    tok = _label_tokenizer(model)
+    state = decision_state(model)
+    tok = state.label_tokenizer
     limit = context_limit(job)
     rendered = []
     for view in job.questions:
-        labels = labels_for(view, lambda: _pair_labels(model))
+        labels = labels_for(view, lambda: state.pair_labels)
         content = build_content(job.text, view, labels)
         rendered.append((view, labels, content, _render(model, content)))
     prompts = [prompt for *_, prompt in rendered]
@@ -146,7 +163,7 @@ def prepare(model: LoadedModel, job: DecisionJob) -> list[PreparedQuestion]:
         raise DecisionError(400, IMAGES_NEED_VISION)
     images = [fit_within(i, LOW_DETAIL_SIDE) for i in job.images] if job.low_detail else list(job.images)
     prepared = []
-    memo = _label_memo(model)
+    memo = state.label_memo
     for (view, labels, content, prompt), ids in zip(rendered, all_ids, strict=True):
         label_ids = label_token_ids(tok, prompt, ids, labels, memo)
         if not images:
@@ -318,15 +335,14 @@ class DecisionRun:
 
     def __init__(self, model: LoadedModel, job: DecisionJob, *, prefix_reuse: bool = True) -> None:
         self.model, self.job, self.prefix_reuse = model, job, prefix_reuse
-        if "batch_cache_bytes" not in model.caches:
-            model.caches["batch_cache_bytes"] = default_batch_cache_bytes()
-        self.batch_cache_bytes = model.caches["batch_cache_bytes"]
+        self.state = decision_state(model)
+        self.batch_cache_bytes = self.state.batch_cache_bytes
         self.net = model.network()
         self.prepared: list[PreparedQuestion] = []
         self.answers: list[ScoredAnswer] = []
         self.prefix = 0
         self.vision_encodings = 0
-        self._shared: Any = None  # a trimmable cache holding the shared prefix
+        self.shared: Any = None  # a trimmable cache holding the shared prefix
         self._snapshot: list[Any] | None = None  # or the prefix state of a cache that cannot be trimmed
 
     @property
@@ -351,8 +367,7 @@ class DecisionRun:
 
     @property
     def split(self) -> Head | None:
-        """The model's verified body and head (text models), so only scored positions are projected."""
-        return head_split(self.net, self.model.caches) if self.model.vision is None else None
+        return self.state.head_split
 
     @property
     def position_bytes(self) -> int:
@@ -370,7 +385,7 @@ class DecisionRun:
 
     def start(self) -> None:
         self.prepared = prepare(self.model, self.job)
-        _opener_ids(self.model)
+        self.state.opener_ids  # noqa: B018 - worked out now, on the model's thread, not in a batched pass
         if self.prefix_reuse and len(self.prepared) > 1:
             self.prefix = common_prefix([q.ids for q in self.prepared])
             first = self.prepared[0].processed
@@ -379,20 +394,20 @@ class DecisionRun:
         if self.prefix > 0:
             first = self.prepared[0]
             prefill = self._prefill(first)
-            self._shared = self._cache()
-            self._fill(first.ids[: self.prefix], self._shared, prefill.head(self.prefix) if prefill is not None else None)
-            if not trims_exactly(self._shared):
+            self.shared = self._cache()
+            self._fill(first.ids[: self.prefix], self.shared, prefill.head(self.prefix) if prefill is not None else None)
+            if not trims_exactly(self.shared):
                 # Recurrent or sliding-window layers cannot be trimmed back to the prefix: keep a
                 # snapshot of the prefix state instead and give every question its own copy of it.
-                self._snapshot, self._shared = snapshot_cache(self._shared), None
+                self._snapshot, self.shared = snapshot_cache(self.shared), None
 
     def score_next(self) -> ScoredAnswer:
         from mlx_lm.models.cache import trim_prompt_cache
 
         q = self.prepared[len(self.answers)]
-        if self._shared is not None:
-            logits = _last_logits(self.net, q.ids[self.prefix:], self._shared, split=self.split)
-            trim_prompt_cache(self._shared, len(q.ids) - self.prefix)  # back to the shared prefix
+        if self.shared is not None:
+            logits = _last_logits(self.net, q.ids[self.prefix:], self.shared, split=self.split)
+            trim_prompt_cache(self.shared, len(q.ids) - self.prefix)  # back to the shared prefix
         elif self._snapshot is not None:
             cache = restore_cache(self._snapshot, self._cache())
             logits = _last_logits(self.net, q.ids[self.prefix:], cache, split=self.split)
@@ -408,8 +423,8 @@ class DecisionRun:
         prefix (several questions with nothing in common) on a model whose fresh cache is plain."""
         if not self.prefix_reuse or self.job.images or self.model.vision is not None:
             return False
-        if self._shared is not None:
-            return plain_kv(self._shared)
+        if self.shared is not None:
+            return plain_kv(self.shared)
         if self._snapshot is not None:
             return False
         return len(self.prepared) - len(self.answers) > 1 and plain_kv(self._cache())
@@ -424,7 +439,7 @@ class DecisionRun:
         questions = self.prepared[start:end]
         lengths = [len(q.ids) - self.prefix for q in questions]
         # No prefix to copy without a shared cache; the whole prompts' logits then dominate the memory.
-        kv_token_bytes = kv_bytes_per_token(self._shared) if self._shared is not None else 0
+        kv_token_bytes = kv_bytes_per_token(self.shared) if self.shared is not None else 0
         scored = []
         for rows in batch_chunks(lengths, self.position_bytes // 4, self.prefix, kv_token_bytes,
                                  self.batch_logits_bytes, self.batch_cache_bytes):
@@ -434,7 +449,7 @@ class DecisionRun:
 
     def accept(self, q: PreparedQuestion, logits: np.ndarray) -> ScoredAnswer:
         """The answer to `q` (this run's next question) from its last-position logits."""
-        check_no_reasoning_opener(logits, _opener_ids(self.model))
+        check_no_reasoning_opener(logits, self.state.opener_ids)
         answer = answer_from_logits(q.view.kind, logits, q.label_ids)
         self.answers.append(answer)
         return answer
@@ -443,7 +458,7 @@ class DecisionRun:
     def joins_others(self) -> bool:
         """Whether this run's questions can share batched passes with other runs on the model: a
         shared prefix held in plain KV caches."""
-        return self.batches and self._shared is not None
+        return self.batches and self.shared is not None
 
     def pending(self) -> list[PreparedQuestion]:
         return self.prepared[len(self.answers):]
@@ -456,7 +471,7 @@ class DecisionRun:
         width = max(len(s) for s in suffixes)
         # Right padding: under the causal mask no real token attends to the padding after it.
         tokens = mx.array([s + [0] * (width - len(s)) for s in suffixes])
-        cache = tiled_cache(self._shared, len(chunk), width) if self._shared is not None else self._cache()
+        cache = tiled_cache(self.shared, len(chunk), width) if self.shared is not None else self._cache()
         logits = logits_at(self.net, self.split, tokens, cache, mx.arange(len(chunk)),
                            mx.array([len(s) - 1 for s in suffixes]))
         mx.eval(logits)
@@ -480,7 +495,7 @@ def pick_rows(runs: Sequence[DecisionRun], max_rows: int) -> list[tuple[Decision
             w, p = max(width, len(q.ids) - run.prefix), max(prefix, run.prefix)
             n = len(rows) + 1
             if rows and (n * w * run.position_bytes > run.batch_logits_bytes
-                         or n * (p + w) * kv_bytes_per_token(run._shared) > run.batch_cache_bytes):
+                         or n * (p + w) * kv_bytes_per_token(run.shared) > run.batch_cache_bytes):
                 return rows
             rows.append((run, queue.pop(0)))
             width, prefix = w, p
@@ -499,8 +514,8 @@ def score_across(rows: Sequence[tuple[DecisionRun, PreparedQuestion]]) -> np.nda
     lengths = [len(s) for s in suffixes]
     width = max(lengths)
     tokens = mx.array([s + [0] * (width - len(s)) for s in suffixes])
-    layers = len(rows[0][0]._shared)
-    cache = [BatchKVCache.merge([run._shared[i] for run, _ in rows]) for i in range(layers)]
+    layers = len(rows[0][0].shared)
+    cache = [BatchKVCache.merge([run.shared[i] for run, _ in rows]) for i in range(layers)]
     for layer in cache:
         layer.prepare(lengths=lengths, right_padding=[width - n for n in lengths])
     first = rows[0][0]

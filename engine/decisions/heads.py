@@ -51,13 +51,10 @@ def _verified(net: Any, split: Head) -> bool:
     return whole.shape == parts.shape and bool(mx.array_equal(whole, parts).item())
 
 
-def head_split(net: Any, caches: dict[str, Any]) -> Head | None:
-    """The model's verified (body, head), or None; the verdict is kept in `caches` (the loaded
-    model's per-model store)."""
-    if "head_split" not in caches:
-        split = _candidate(net)
-        caches["head_split"] = split if split is not None and _verified(net, split) else None
-    return caches["head_split"]
+def head_split(net: Any) -> Head | None:
+    """The model's verified (body, head), or None (the scorer keeps the verdict per loaded model)."""
+    split = _candidate(net)
+    return split if split is not None and _verified(net, split) else None
 
 
 def logits_at(net: Any, split: Head | None, tokens: Any, cache: Any, rows: Any, columns: Any) -> Any:

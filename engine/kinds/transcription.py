@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from swama.engine.errors import Cancelled, LoadFailed, WrongModel
+from swama.engine.errors import BadInput, Cancelled, LoadFailed, WrongModel
 from swama.engine.kinds import SPEECH_TO_TEXT
 from swama.engine.model import LoadedModel
 from swama.engine.runtime import compute_dtype
@@ -65,6 +65,24 @@ def language_code(name: str) -> str | None:
     if key in languages:
         return key
     return codes.get(key)
+
+
+def language_of(name: str | None) -> str | None:
+    """The Whisper language code a request's `language` names (None: detect it); refused by name
+    when Whisper knows no such language."""
+    if name is None:
+        return None
+    code = language_code(name)
+    if code is None:
+        raise BadInput(f"Unsupported language '{name}'; give an ISO-639-1 code such as 'en' or 'de'.",
+                       code="unsupported_language", param="language")
+    return code
+
+
+def check_language(model: LoadedModel, language: str | None) -> None:
+    """An English-only model takes English or nothing."""
+    if language is not None and language != "en" and not is_multilingual(model):
+        raise BadInput(f"Model '{model.id}' transcribes English only; language '{language}' is not supported by it.")
 
 
 def is_multilingual(model: LoadedModel) -> bool:

@@ -14,10 +14,14 @@ take turns on one model never read each other's positions.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from swama.engine.kinds import VISION
+from swama.engine.model import LoadedModel, cast_for_device, eos_ids_of
 
 # Positional state mlx-vlm's mRoPE language models keep between calls.
 _POSITION_STATE = ("_position_ids", "_rope_deltas")
@@ -172,3 +176,18 @@ def load_vision_model(path: Path) -> tuple[Any, Any]:
     from mlx_vlm.utils import load
 
     return load(str(path))
+
+
+def load_vision_language_model(model_id: str, path: Path) -> LoadedModel:
+    """mlx-vlm's model and processor; the tokenizer is mlx-lm's wrapper over the same files, so
+    text is encoded, rendered and detokenized exactly as for a language model."""
+    from mlx_lm.utils import load_tokenizer
+
+    model, processor = load_vision_model(path)
+    cast_for_device(model)
+    tokenizer = load_tokenizer(path)
+    config = json.loads((path / "config.json").read_text())
+    text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    merged = {**text_config, **{k: v for k, v in config.items() if k != "text_config"}}
+    return LoadedModel(model_id, path, model, tokenizer, merged, eos_ids_of(path, tokenizer), kind=VISION,
+                       vision=VisionSupport(model, processor))

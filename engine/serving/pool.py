@@ -24,12 +24,15 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from swama.engine.errors import RETRY_AFTER_SECONDS, Busy, EngineError, LoadFailed, NotFound, Unavailable
 from swama.engine.files.store import InstalledModel, ModelStore
-from swama.engine.model import LoadedModel, load_model
+from swama.engine.model import LoadedModel
+from swama.engine.serving.loaders import load_model
 from swama.engine.serving.memory import available_bytes, gib, model_bytes
 from swama.engine.serving.threads import run_parked
+from swama.engine.settings import EngineSettings
 
 log = logging.getLogger("swama.pool")
 
@@ -60,20 +63,18 @@ def _load_failed(model_id: str, path: object, exc: Exception) -> LoadFailed:
 
 
 class ModelPool:
-    def __init__(self, store: ModelStore, *, idle_seconds: float = 300, max_concurrent: int = 3,
-                 max_queue: int = 64, max_model_queue: int = 32, queue_timeout: float = 600,
-                 memory_limit: int | None = None, float_bytes: int | None = None,
-                 loader: Callable[[str, object], LoadedModel] = load_model) -> None:
+    def __init__(self, store: ModelStore, settings: EngineSettings, *, float_bytes: int | None = None,
+                 loader: Callable[[str, Path], LoadedModel] = load_model) -> None:
         self.store = store
-        self.idle_seconds = idle_seconds
         self.loader = loader
-        self.max_concurrent = max_concurrent
-        self.max_queue = max_queue
-        self.max_model_queue = max_model_queue
-        self.queue_timeout = queue_timeout
-        self.memory_limit = memory_limit  # bytes for all loaded models; None: what the system has free
+        self.idle_seconds = settings.idle_seconds
+        self.max_concurrent = settings.max_concurrent
+        self.max_queue = settings.max_queue
+        self.max_model_queue = settings.max_model_queue
+        self.queue_timeout = settings.queue_timeout
+        self.memory_limit = settings.memory_limit  # bytes for all loaded models; None: what the system has free
         self.float_bytes = float_bytes  # floating weights are cast to this size at load (None: as stored)
-        self._slots = asyncio.Semaphore(max_concurrent)
+        self._slots = asyncio.Semaphore(self.max_concurrent)
         self._entries: dict[str, _Entry] = {}
         self._reaper: asyncio.Task[None] | None = None
 

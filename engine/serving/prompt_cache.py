@@ -11,22 +11,9 @@ recurrent layers cannot be cut back, so models with them always prefill in full.
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
-
-DEFAULT_FRACTION = 0.10  # of physical memory, when --prompt-cache-bytes is not given
-DEFAULT_CAP = 4 << 30
-
-
-def default_budget() -> int:
-    """A tenth of the machine's memory, at most 4 GiB."""
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return 1 << 30
-    return int(min(DEFAULT_CAP, total * DEFAULT_FRACTION))
 
 
 def cacheable(cache: list[Any]) -> bool:

@@ -35,6 +35,7 @@ from swama.engine.errors import Cancelled, ContextTooLong, EngineError, Failed, 
 from swama.engine.model import LoadedModel
 from swama.engine.serving.prompt_cache import PromptCache, cacheable
 from swama.engine.serving.threads import THREADS
+from swama.engine.settings import CPU_PREFILL_STEP, GPU_PREFILL_STEP, default_of
 from swama.engine.text.generator import (
     ChatRequest,
     Decoder,
@@ -48,19 +49,14 @@ from swama.engine.text.generator import (
 log = logging.getLogger("swama.scheduler")
 T = TypeVar("T")
 _DONE = object()
-DEFAULT_ROWS = 16
-DEFAULT_PREFILL_STEP = 512
-GPU_PREFILL_STEP = 4096  # a GPU reads a 4k prompt 1.3-4x faster in one chunk than in 512-token chunks
+DECISION_ROWS = 16  # decision questions scored in one batched pass between batch steps
 
 
 def default_prefill_step() -> int:
-    """Prompt tokens read per step: 512 on the CPU, where a step of another row's decode waits for
-    the chunk; 4096 on a GPU, where small chunks leave it idle between launches (measured on an
-    H200: 34k tok/s in 512-token chunks against 145k tok/s in one 4096-token chunk, Qwen3-0.6B shape)."""
+    """Prompt tokens read per step when --prefill-step is not given: the device's (engine/settings.py)."""
     from swama.engine.runtime import on_gpu
 
-    return GPU_PREFILL_STEP if on_gpu() else DEFAULT_PREFILL_STEP
-DECISION_ROWS = 16  # decision questions scored in one batched pass between batch steps
+    return GPU_PREFILL_STEP if on_gpu() else CPU_PREFILL_STEP
 
 
 def batchable(model: LoadedModel) -> bool:
@@ -87,11 +83,11 @@ class _Job:
 
 class Scheduler:
     def __init__(self, model: LoadedModel, *, prompt_cache: PromptCache | None, batching: bool = True,
-                 rows: int = DEFAULT_ROWS, prefill_step: int | None = None) -> None:
+                 rows: int | None = None, prefill_step: int | None = None) -> None:
         self.model = model
-        self.store = prompt_cache
+        self.prompt_cache = prompt_cache
         self.batching = batching and batchable(model)
-        self.rows = rows if self.batching else 1
+        self.rows = (rows or default_of("batch_rows")) if self.batching else 1
         self.prefill_step = prefill_step or default_prefill_step()
         self._wake = threading.Condition()
         self._new: deque[_Job] = deque()
@@ -296,7 +292,7 @@ class Scheduler:
                 raise ContextTooLong(f"The prompt ({len(ids)} tokens) leaves no room to generate in the context "
                                      f"window of {job.request.effective_context_limit} tokens.")
             sampler, processors = make_sampling(self.model, job.request.sampling)
-            cache, job.reused = self.store.take(ids) if self.store is not None else (None, 0)
+            cache, job.reused = self.prompt_cache.take(ids) if self.prompt_cache is not None else (None, 0)
             gen = self._generator(stream)
             [uid] = gen.insert([ids[job.reused:]], max_tokens=[budget],
                                caches=[cache or make_prompt_cache(self.model.model)],
@@ -311,11 +307,11 @@ class Scheduler:
 
     def _keep(self, kept: tuple[list[Any], list[int]] | None) -> None:
         """Give a finished row's key/value state to the prompt cache."""
-        if kept is None or self.store is None:
+        if kept is None or self.prompt_cache is None:
             return
         cache, tokens = kept
         if cache and cacheable(cache):
-            self.store.put(list(tokens)[: cache[0].offset], cache)
+            self.prompt_cache.put(list(tokens)[: cache[0].offset], cache)
 
     def _remove(self, uid: int) -> None:
         kept = self._gen.remove([uid], return_prompt_caches=True).get(uid)

@@ -13,10 +13,11 @@ import asyncio
 import concurrent.futures
 import queue
 import threading
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any, TypeVar
 
 T = TypeVar("T")
+_DONE = object()
 
 
 class ParkedThreads:
@@ -57,3 +58,52 @@ THREADS = ParkedThreads()
 async def run_parked(work: Callable[[], T]) -> T:
     """Await `work` run on a parked thread (the asyncio counterpart of `asyncio.to_thread`)."""
     return await asyncio.wrap_future(THREADS.submit(work))
+
+
+class _Failure:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+async def iterate_in_thread(make: Callable[[threading.Event], Iterator[T]]) -> AsyncIterator[T]:
+    """Run a blocking iterator on a parked thread, yielding its items on the event loop."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+    cancel = threading.Event()
+
+    def worker() -> None:
+        try:
+            for item in make(cancel):
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            loop.call_soon_threadsafe(queue.put_nowait, _DONE)
+        except BaseException as exc:  # handed to the consumer, raised there
+            loop.call_soon_threadsafe(queue.put_nowait, _Failure(exc))
+
+    finished = asyncio.wrap_future(THREADS.submit(worker, "swama-worker"))
+    try:
+        while True:
+            item = await queue.get()
+            if item is _DONE:
+                return
+            if isinstance(item, _Failure):
+                raise item.exc
+            yield item
+    finally:
+        cancel.set()
+        # The model stays reserved until its worker really stopped.
+        await asyncio.shield(finished)
+
+
+async def in_thread(step: Callable[[], T], cancel: threading.Event | None = None) -> T:
+    """Run one blocking step on a parked thread. Even when the caller is cancelled it waits for the
+    step to end, so the model slot it holds is never handed on while the model is still busy;
+    `cancel`, when given, is set first so a step that watches it ends early."""
+    task = asyncio.wrap_future(THREADS.submit(step, "swama-worker"))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if cancel is not None:
+            cancel.set()
+        await asyncio.wait({task})
+        raise
+

@@ -13,11 +13,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from swama.engine.decisions.scorer import IMAGES_NEED_VISION
 from swama.engine.errors import BadInput, Cancelled, ContextTooLong
+from swama.engine.kinds.tasks import IMAGES_NEED_VISION
 from swama.engine.kinds.vision import MULTIMODAL_CONTEXT_LIMIT, Prefill
 from swama.engine.model import LoadedModel
 from swama.engine.serving.prompt_cache import PromptCache, cacheable
+from swama.engine.settings import default_of
 from swama.engine.text.chat_prompt import Prompt, build_prompt, template_renders_tools
 from swama.engine.text.tool_calls import ToolCall, ToolCallSplitter, tool_format
 
@@ -55,7 +56,7 @@ class ChatRequest:
     max_tokens: int | None = None
     stop: list[str] = field(default_factory=list)
     tools: list[dict[str, Any]] | None = None
-    context_limit: int = 16384
+    context_limit: int = field(default_factory=lambda: default_of("context_limit"))
     images: list[Any] = field(default_factory=list)  # PIL images for the messages' image parts, in order
 
     @property
@@ -89,9 +90,9 @@ Event = TextDelta | ToolCallEvent | Finished
 
 
 def native_tools(model: LoadedModel) -> bool:
-    if "native_tools" not in model.caches:
-        model.caches["native_tools"] = template_renders_tools(model.tokenizer)
-    return model.caches["native_tools"]
+    if model.state.native_tools is None:
+        model.state.native_tools = template_renders_tools(model.tokenizer)
+    return model.state.native_tools
 
 
 def prepare(model: LoadedModel, request: ChatRequest) -> Prompt:
@@ -152,14 +153,14 @@ def _resume(model: LoadedModel, net: Any, ids: list[int]) -> tuple[PromptCache |
     cache already holds; (None, None, 0) where the model keeps no prompt cache."""
     from mlx_lm.models.cache import make_prompt_cache
 
-    store = model.caches.get("prompt_cache")
+    store = model.state.prompt_cache
     if store is None:
         return None, None, 0
     cache, reused = store.take(ids)
     if cache is None:
         cache = make_prompt_cache(net)
         if not cacheable(cache):
-            model.caches["prompt_cache"] = None  # sliding-window or recurrent layers: cannot be cut back
+            model.state.prompt_cache = None  # sliding-window or recurrent layers: cannot be cut back
             return None, None, 0
     return store, cache, reused
 

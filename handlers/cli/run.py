@@ -10,14 +10,66 @@ from pathlib import Path
 
 import httpx
 
-from swama.engine.errors import EngineError
-from swama.engine.files.sources import pull
-from swama.engine.files.store import ModelStore
-from swama.engine.kinds import DECISION, EMBEDDING, SPEECH_TO_TEXT, TEXT_TO_SPEECH
-from swama.engine.serving.engine import Engine, EngineOptions
-from swama.engine.text.generator import ChatRequest, Finished, Sampling, TextDelta
-from swama.handlers.http.settings import Settings
+from swama.engine.client import (
+    DECISION,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_P,
+    EMBEDDING,
+    SPEECH_TO_TEXT,
+    TEXT_TO_SPEECH,
+    ChatRequest,
+    EngineError,
+    EngineSettings,
+    Finished,
+    RuntimeSettings,
+    Sampling,
+    Task,
+    TextDelta,
+    model_files,
+    open_engine,
+    read,
+)
+from swama.handlers.cli.options import add_options, given
+from swama.handlers.http.settings import ServerSettings
 from swama.handlers.media.images import Image, ImageError, check_image, check_images, data_url, open_images
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    run = sub.add_parser("run", help="generate a reply to one prompt",
+                         description="Generate a reply to PROMPT with MODEL, streamed to the terminal. Uses a "
+                                     "running server when one answers, else runs the model in this process. "
+                                     "Installs the model first when it is missing.")
+    run.add_argument("model", help="model alias or id (see `swama list`)")
+    run.add_argument("prompt", help="the user message")
+    run.add_argument("-i", "--image-paths", action="append", metavar="IMAGE", default=None,
+                     help="a PNG, JPEG or WebP image to show a vision model, placed before the prompt "
+                          "(repeat for up to 4 images)")
+    run.add_argument("-t", "--temperature", type=float, default=DEFAULT_TEMPERATURE,
+                     help=f"sampling temperature (default {DEFAULT_TEMPERATURE})")
+    run.add_argument("--top-p", type=float, default=DEFAULT_TOP_P, help=f"nucleus sampling (default {DEFAULT_TOP_P:g})")
+    run.add_argument("-n", "--max-tokens", type=int, default=None, help="stop after this many tokens")
+    run.add_argument("--repetition-penalty", type=float, default=None)
+    stream = run.add_mutually_exclusive_group()
+    stream.add_argument("-s", "--stream", dest="stream", action="store_true", default=True,
+                        help="print tokens as they come (default)")
+    stream.add_argument("--no-stream", dest="stream", action="store_false", help="print the whole reply at once")
+    add_server_options(run)
+    add_options(run, EngineSettings, only=["context_limit"])
+    add_options(run, RuntimeSettings)
+    run.set_defaults(func=run_prompt)
+
+
+def add_server_options(command: argparse.ArgumentParser) -> None:
+    """Where a running server is looked for (the server's own defaults) and how to skip it."""
+    command.add_argument("--direct", action="store_true", help="never use a running server")
+    command.add_argument("--server-host", default=default_of_server("host"), metavar="HOST",
+                         help="the running server's address (default %(default)s)")
+    command.add_argument("--server-port", type=int, default=default_of_server("port"), metavar="PORT",
+                         help="the running server's port (default %(default)s)")
+
+
+def default_of_server(name: str) -> object:
+    return ServerSettings.model_fields[name].default
 
 
 def server_url(args: argparse.Namespace) -> str | None:
@@ -65,7 +117,7 @@ def _body(args: argparse.Namespace, images: list[Image]) -> dict:
         body["max_tokens"] = args.max_tokens
     if args.repetition_penalty is not None:
         body["repetition_penalty"] = args.repetition_penalty
-    if args.context_limit is not None:
+    if "context_limit" in given(args, EngineSettings):
         body["context_limit"] = args.context_limit
     return body
 
@@ -95,8 +147,8 @@ def _via_server(url: str, args: argparse.Namespace, images: list[Image]) -> int:
 
 
 async def _in_process(args: argparse.Namespace, images: list[Image]) -> int:
-    settings = Settings()
-    engine = Engine(EngineOptions(models_root=settings.models_root, context_limit=settings.context_limit))
+    settings = read(EngineSettings, **given(args, EngineSettings))
+    engine = open_engine(settings)
     content: str | list[dict] = args.prompt
     if images:
         content = [*({"type": "image"} for _ in images), {"type": "text", "text": args.prompt}]
@@ -104,12 +156,12 @@ async def _in_process(args: argparse.Namespace, images: list[Image]) -> int:
         messages=[{"role": "user", "content": content}],
         sampling=Sampling(temperature=args.temperature, top_p=args.top_p,
                           repetition_penalty=args.repetition_penalty),
-        max_tokens=args.max_tokens, context_limit=args.context_limit or settings.context_limit,
+        max_tokens=args.max_tokens, context_limit=settings.context_limit,
         images=open_images(images))
     parts = []
     try:
-        model_id = engine.resolve_language_model(args.model)
-        async for event in engine.chat(model_id, request):
+        model = engine.model_for(args.model, Task.GENERATE)
+        async for event in engine.chat(model.id, request):
             if isinstance(event, TextDelta):
                 if args.stream:
                     print(event.text, end="", flush=True)
@@ -136,12 +188,9 @@ OTHER_USES = {
 }
 
 
-def run(args: argparse.Namespace) -> int:
+def run_prompt(args: argparse.Namespace) -> int:
     images = _images(args)
-    store = ModelStore(Settings().models_root)
-    model = store.find(args.model)
-    if model is None:
-        model = pull(store, args.model)  # the CLI installs on first use; the server never downloads
+    model = model_files().find_or_pull(args.model)  # the CLI installs on first use; the server never downloads
     if model.kind in OTHER_USES:
         article = "an" if model.kind[0] in "aeiou" else "a"
         use = OTHER_USES[model.kind].format(name=args.model)

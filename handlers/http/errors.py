@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from swama.engine.errors import EngineError
+from swama.engine.client import EngineError
 
 
 @dataclass

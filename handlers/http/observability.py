@@ -23,7 +23,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from swama.engine.text.generator import Finished
+from swama.engine.client import EngineClient, Finished
 
 access_log = logging.getLogger("swama.access")
 REQUEST_ID = "x-request-id"
@@ -36,19 +36,10 @@ Scope = dict[str, Any]
 ASGIApp = Callable[[Scope, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
 
 
-def _mlx_memory(read: str) -> Any:
-    def value() -> float:
-        import mlx.core as mx
-
-        return float(getattr(mx, read)())
-
-    return value
-
-
 class Metrics:
     """The server's metrics, in a registry of its own (one per app)."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: EngineClient) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("swama_requests", "HTTP requests answered, by route and status",
@@ -65,15 +56,15 @@ class Metrics:
         self.prompt_cache_hits = Counter("swama_prompt_cache_hit_tokens", "Prompt tokens served from a cache "
                                          "(chat prompts resumed, decision prefixes shared across questions)", ["model"], registry=r)
         waiting = Gauge("swama_queue_waiting", "Requests admitted and waiting for their model", registry=r)
-        waiting.set_function(lambda: engine.pool.waiting())
+        waiting.set_function(lambda: engine.status().waiting)
         running = Gauge("swama_running", "Operations running on a model now", registry=r)
-        running.set_function(lambda: engine.pool.running())
+        running.set_function(lambda: engine.status().running)
         loaded = Gauge("swama_models_loaded", "Models in memory", registry=r)
-        loaded.set_function(lambda: len(engine.pool.loaded()))
-        for name, read, what in (("active", "get_active_memory", "held by live arrays"),
-                                 ("cache", "get_cache_memory", "kept by MLX's buffer cache for reuse")):
-            gauge = Gauge(f"swama_mlx_{name}_bytes", f"Memory {what}", registry=r)
-            gauge.set_function(_mlx_memory(read))
+        loaded.set_function(lambda: len(engine.status().models_loaded))
+        active = Gauge("swama_mlx_active_bytes", "Memory held by live arrays", registry=r)
+        active.set_function(lambda: engine.status().active_memory)
+        cache = Gauge("swama_mlx_cache_bytes", "Memory kept by MLX's buffer cache for reuse", registry=r)
+        cache.set_function(lambda: engine.status().cache_memory)
 
     def generation_finished(self, model: str, done: Finished) -> None:
         self.prompt_tokens.labels(model).inc(done.prompt_tokens)

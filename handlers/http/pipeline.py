@@ -29,10 +29,10 @@ from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
-from swama.engine.errors import EngineError
+from swama.engine.client import EngineClient, EngineError
 from swama.handlers.http.errors import ApiError, bad_request, engine_error, error_body
 from swama.handlers.http.schema_errors import openai_schema_error
-from swama.handlers.http.settings import Settings
+from swama.handlers.http.settings import ServerSettings
 from swama.handlers.http.strict_json import StrictJSONError, parse_strict_json
 
 log = logging.getLogger("swama")
@@ -128,12 +128,12 @@ class Call:
 
     op: Operation
     request: Request
-    settings: Settings
+    settings: ServerSettings
     body: bytes = b""
     extra_headers: dict[str, str] = field(default_factory=dict)
 
     @property
-    def engine(self) -> Any:
+    def engine(self) -> EngineClient:
         return self.request.app.state.engine
 
 
@@ -280,7 +280,7 @@ async def read_body(request: Request, path: str) -> bytes:
     return body
 
 
-def _check_key(op: Operation, request: Request, settings: Settings) -> None:
+def _check_key(op: Operation, request: Request, settings: ServerSettings) -> None:
     if not settings.api_key or request.headers.get("authorization", "") == f"Bearer {settings.api_key}":
         return
     # System One names this error for what it is; the OpenAI API keeps invalid_request_error + a code.
@@ -309,7 +309,7 @@ def rules_of(handler: Handler) -> RouteRules:
 
 
 async def dispatch(op: Operation, request: Request) -> Response:
-    settings: Settings = request.app.state.settings
+    settings: ServerSettings = request.app.state.settings
     call = Call(op, request, settings)
     if op.family == "systemone":
         call.extra_headers["x-typesafe-request-id"] = f"systemone-{uuid.uuid4()}"

@@ -13,9 +13,9 @@ import pydantic
 from fastapi import Response
 from fastapi.responses import StreamingResponse
 
-from swama.engine.text.generator import ChatRequest, Finished, TextDelta, ToolCallEvent
+from swama.engine.client import Cancelled, ChatRequest, Finished, Task, TextDelta, ToolCallEvent
 from swama.generated.openai_models import ChatCompletionTool, CreateChatCompletionRequest
-from swama.handlers.http.errors import ApiError, bad_request
+from swama.handlers.http.errors import bad_request
 from swama.handlers.http.pipeline import Call, route
 from swama.handlers.http.streaming import collect_or_cancel, start_stream
 from swama.handlers.media.images import ImageRef, valid_image_url
@@ -128,10 +128,10 @@ async def create_chat_completion(call: Call, parsed: CreateChatCompletionRequest
     engine = call.engine
     request, images = request_from(parsed, call.settings.context_limit)
     model = str(_value(parsed.model))
-    model_id = engine.resolve_language_model(model)
-    await attach_images(request, images, engine.installed(model_id))
+    installed = engine.model_for(model, Task.GENERATE)
+    await attach_images(engine, request, images, installed)
     ident, created = f"chatcmpl-{uuid.uuid4()}", int(time.time())
-    events = engine.chat(model_id, request)
+    events = engine.chat(installed.id, request)
     if parsed.stream:
         # Errors found before the first token (context limit, template) still get a plain 4xx.
         events = await start_stream(events)
@@ -146,5 +146,5 @@ async def create_chat_completion(call: Call, parsed: CreateChatCompletionRequest
         elif isinstance(event, Finished):
             done = event
     if done is None:
-        raise ApiError(499, "The client closed the request.", code="cancelled")
+        raise Cancelled()
     return completion(ident, created, model, "".join(text), calls, done)

@@ -6,8 +6,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from swama.engine.errors import EngineError
-from swama.engine.text.generator import Finished, TextDelta, ToolCallEvent
+from swama.engine.client import EngineError, Finished, TextDelta, ToolCallEvent
 
 
 def _wire_call(index: int, call: Any) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 import pydantic
 from pydantic_core import ErrorDetails
 
-from swama.engine.text.generator import OUT_OF_RANGE
+from swama.engine.client import OUT_OF_RANGE
 from swama.handlers.http.errors import ApiError, bad_request
 from swama.handlers.http.pipeline import DEFAULT_RULES, RouteRules
 from swama.handlers.http.schema_errors import openai_schema_error, user_path

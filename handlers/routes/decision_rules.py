@@ -11,7 +11,7 @@ from typing import Any
 
 import pydantic
 
-from swama.engine.decisions.scorer import QuestionKind, ScoredAnswer
+from swama.engine.client import QuestionKind, ScoredAnswer
 from swama.handlers.http.errors import ApiError
 
 MAX_QUESTIONS = 200

@@ -6,16 +6,18 @@ from collections.abc import Sequence
 
 from fastapi import Response
 
-from swama.engine.decisions.decide import DecisionJob
-from swama.engine.decisions.scorer import (
-    DecisionError,
+from swama.engine.client import (
+    DECISION,
+    Cancelled,
+    DecisionJob,
     QuestionView,
+    Task,
+    WrongModel,
     check_choice_option_names,
     decision_choice_view,
     decision_score_view,
     predicate_view,
 )
-from swama.engine.kinds import DECISION
 from swama.generated.decisions_models import (
     DecisionChoiceQuestion,
     DecisionCreateRequest,
@@ -23,7 +25,6 @@ from swama.generated.decisions_models import (
     DecisionInputText,
     DecisionScoreQuestion,
 )
-from swama.handlers.http.errors import ApiError
 from swama.handlers.http.pipeline import Call, route
 from swama.handlers.http.streaming import collect_or_cancel
 from swama.handlers.media.images import ImageRef, all_low_detail, load_data_images, open_images
@@ -36,13 +37,13 @@ from swama.handlers.routes.decisions_wording import DECISION_RULES, Question, qu
 async def create_decision(call: Call, request: DecisionCreateRequest) -> Response:
     questions = questions_of(request)
     check_questions(questions)
-    model = call.engine.installed(request.model)  # 404 before any other work
+    model = call.engine.model(request.model)  # 404 before any other work
     text, refs = input_of(request.input)
     images = load_data_images(refs)
     if model.kind == DECISION:
-        raise DecisionError(400, f"Model '{model.id}' is a decision checkpoint: it answers System One questions "
-                                 "on /v1/systemone, not /v1/decisions.")
-    call.engine.require_language_model(model)
+        raise WrongModel(f"Model '{model.id}' is a decision checkpoint: it answers System One questions on "
+                         "/v1/systemone, not /v1/decisions.")
+    call.engine.require(model, Task.DECIDE)
     job = DecisionJob(text, [question_view(q) for q in questions], context_limit=call.settings.context_limit,
                       images=open_images(images), low_detail=all_low_detail(images))
     async for result in collect_or_cancel(call.request, call.engine.decide(model.id, job)):
@@ -51,7 +52,7 @@ async def create_decision(call: Call, request: DecisionCreateRequest) -> Respons
         # Outside the wire body (which follows the OpenAI shape exactly): each answer's label mass,
         # the labels' probability against the whole vocabulary, for the playground and the curious.
         return Response(body, media_type="application/json", headers={LABEL_MASS_HEADER: label_masses(result.answers)})
-    raise ApiError(499, "The client closed the request.", code="cancelled")
+    raise Cancelled()
 
 
 # The typed request ------------------------------------------------------------------------

@@ -6,10 +6,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from swama.engine.decisions.scorer import (
-    DecisionError,
-    ScoredAnswer,
-)
+from swama.engine.client import DecisionError, ScoredAnswer
 from swama.generated.decisions_models import (
     DecisionChoiceQuestion,
     DecisionPredicateQuestion,

@@ -5,8 +5,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from swama.engine.files import aliases
-from swama.engine.kinds import EMBEDDING
+from swama.engine.client import Task
 from swama.generated.openai_models import CreateEmbeddingRequest
 from swama.handlers.http.errors import bad_request
 from swama.handlers.http.pipeline import Call, RouteRules, route
@@ -40,11 +39,7 @@ def texts_of(request: CreateEmbeddingRequest) -> list[str]:
 @route(RULES)
 async def create_embedding(call: Call, request: CreateEmbeddingRequest) -> dict[str, Any]:
     texts = texts_of(request)
-    model = call.engine.installed(str(request.model))
-    if aliases.is_audio_model(str(request.model)) or model.kind != EMBEDDING:
-        article = "an" if model.kind[0] in "aeiou" else "a"
-        raise bad_request(f"Model '{model.id}' is {article} {model.kind} model; /v1/embeddings needs an embedding "
-                          "model (for example: swama pull minilm).", code="model_not_supported", param="model")
+    model = call.engine.model_for(str(request.model), Task.EMBED)
     result = await call.engine.embed(model.id, texts, request.dimensions)
     as_base64 = str(request.encoding_format) == "base64"
     data = []

@@ -9,9 +9,10 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from swama.engine.files.store import InstalledModel, list_installed
+from swama.engine.client import InstalledModel
 from swama.handlers.http.pipeline import Call, route
-from swama.handlers.routes.systemone import SDK_DEFAULT_MODELS, server_default_model
+from swama.handlers.http.settings import server_default_model
+from swama.handlers.routes.systemone import SDK_DEFAULT_MODELS
 
 
 def _day(created: int) -> str:
@@ -26,9 +27,9 @@ def _catalog_entry(model: InstalledModel) -> dict[str, str]:
 
 @route()
 async def list_models(call: Call, request: None) -> dict[str, Any]:
-    installed = list_installed(call.settings.models_root)
+    installed = call.engine.models()
     catalog = [_catalog_entry(m) for m in installed]
-    default = server_default_model(call)
+    default = server_default_model(call.settings, call.engine)
     if default is not None:
         # System One clients send its default name; here it means the model the server started with.
         for alias in sorted(SDK_DEFAULT_MODELS):

@@ -15,8 +15,7 @@ from typing import Any
 from fastapi import Response
 from fastapi.responses import StreamingResponse
 
-from swama.engine.errors import EngineError
-from swama.engine.text.generator import ChatRequest, Finished
+from swama.engine.client import Cancelled, ChatRequest, EngineError, Finished, Task
 from swama.generated.openai_models import (
     CreateResponse,
     ResponsesRequestFunctionCallItem,
@@ -25,7 +24,6 @@ from swama.generated.openai_models import (
     ResponsesRequestImagePart,
     ResponsesRequestMessageItem,
 )
-from swama.handlers.http.errors import ApiError
 from swama.handlers.http.pipeline import Call, route
 from swama.handlers.http.streaming import collect_or_cancel, start_stream
 from swama.handlers.media.images import ImageRef, valid_image_url
@@ -138,15 +136,15 @@ def response_request(request: CreateResponse, *, context_limit: int) -> Response
 async def create_response(call: Call, parsed: CreateResponse) -> Response | dict[str, Any]:
     request = response_request(parsed, context_limit=call.settings.context_limit)
     engine = call.engine
-    model_id = engine.resolve_language_model(request.model)
-    await attach_images(request.chat, request.images, engine.installed(model_id))
-    events = engine.chat(model_id, request.chat)
+    model = engine.model_for(request.model, Task.GENERATE)
+    await attach_images(engine, request.chat, request.images, model)
+    events = engine.chat(model.id, request.chat)
     if request.stream:
         events = await start_stream(events)  # errors before the first token stay plain HTTP errors
         return StreamingResponse(_sse(request, events), media_type=SSE_MEDIA_TYPE, headers=SSE_HEADERS)
     collected = [event async for event in collect_or_cancel(call.request, events)]
     if not collected or not isinstance(collected[-1], Finished):
-        raise ApiError(499, "The client closed the request.", code="cancelled")
+        raise Cancelled()
     return final_response(request, collected)
 
 

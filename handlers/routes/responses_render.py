@@ -15,8 +15,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from swama.engine.text.generator import Event, Finished, TextDelta, ToolCallEvent
-from swama.engine.text.tool_calls import ToolCall
+from swama.engine.client import Event, Finished, TextDelta, ToolCall, ToolCallEvent
 
 if TYPE_CHECKING:  # the request module imports this one to answer
     from swama.handlers.routes.responses import ResponseRequest

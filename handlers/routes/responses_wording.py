@@ -15,7 +15,7 @@ from typing import Any
 
 import pydantic
 
-from swama.engine.text.generator import OUT_OF_RANGE
+from swama.engine.client import OUT_OF_RANGE
 from swama.handlers.http.errors import ApiError
 from swama.handlers.http.pipeline import RouteRules
 from swama.handlers.http.strict_json import StrictJSONError

@@ -17,9 +17,7 @@ import pydantic
 from fastapi import Response
 from fastapi.responses import StreamingResponse
 
-from swama.engine.errors import EngineError
-from swama.engine.kinds import TEXT_TO_SPEECH
-from swama.engine.kinds.speech import NO_SPEECH, Segment, voices_of
+from swama.engine.client import NO_SPEECH, EngineError, SpeechSegment, Task
 from swama.generated.openai_models import CreateSpeechRequest
 from swama.handlers.http.errors import ApiError, bad_request
 from swama.handlers.http.pipeline import Call, RouteRules, route
@@ -76,25 +74,17 @@ def _voice_name(voice: Any) -> str | None:
 async def create_speech(call: Call, request: CreateSpeechRequest) -> Response:
     engine = call.engine
     name = request.model
-    model = engine.installed(name)
-    if model.kind != TEXT_TO_SPEECH:
-        raise bad_request(f"Model '{name}' is not supported for TTS", param="model")
+    model = engine.model_for(name, Task.SPEAK)
     fmt = str(request.response_format)
     if fmt not in FORMATS:
         raise _unsupported_format(fmt)
-    try:
-        voice = voices_of(model.id, model.path).pick(_voice_name(request.voice))
-    except EngineError as exc:
-        raise ApiError(exc.status, exc.message, code=exc.code, param="voice") from None
+    voice = engine.voices(model.id).pick(_voice_name(request.voice))
     segments = engine.speak(model.id, request.input, voice, float(request.speed))
     # Errors before the first audio (a missing espeak-ng, memory) still get a plain HTTP error.
     try:
         first = await segments.__anext__()
     except StopAsyncIteration:
         raise bad_request(NO_SPEECH, param="input") from None
-    except EngineError as exc:
-        raise ApiError(exc.status, exc.message, code=exc.code, param="input" if exc.code == "no_speech" else None) \
-            from None
     encoder = Encoder(fmt, first.sample_rate)
     headers = {"X-Sample-Rate": str(first.sample_rate), "Cache-Control": "no-cache"}
     if str(request.stream_format) == "sse":
@@ -115,7 +105,7 @@ async def create_speech(call: Call, request: CreateSpeechRequest) -> Response:
     return Response(b"".join(pieces), media_type=MEDIA_TYPES[fmt], headers=headers)
 
 
-async def _all(first: Segment, segments: AsyncIterator[Segment]) -> AsyncIterator[Segment]:
+async def _all(first: SpeechSegment, segments: AsyncIterator[SpeechSegment]) -> AsyncIterator[SpeechSegment]:
     """Every segment; a failure after the first byte went out can only end the stream early."""
     yield first
     try:
@@ -127,7 +117,7 @@ async def _all(first: Segment, segments: AsyncIterator[Segment]) -> AsyncIterato
         await segments.aclose()
 
 
-async def _audio(first: Segment, segments: AsyncIterator[Segment], encoder: Encoder) -> AsyncIterator[bytes]:
+async def _audio(first: SpeechSegment, segments: AsyncIterator[SpeechSegment], encoder: Encoder) -> AsyncIterator[bytes]:
     async for segment in _all(first, segments):
         if piece := encoder.feed(segment.audio):
             yield piece
@@ -135,7 +125,7 @@ async def _audio(first: Segment, segments: AsyncIterator[Segment], encoder: Enco
         yield tail
 
 
-async def _sse(first: Segment, segments: AsyncIterator[Segment], encoder: Encoder) -> AsyncIterator[bytes]:
+async def _sse(first: SpeechSegment, segments: AsyncIterator[SpeechSegment], encoder: Encoder) -> AsyncIterator[bytes]:
     def event(body: dict[str, Any]) -> bytes:
         return f"data: {json.dumps(body)}\n\n".encode()
 

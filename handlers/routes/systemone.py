@@ -7,27 +7,28 @@ from typing import Any
 
 from fastapi import Response
 
-from swama.engine.decisions.decide import DecisionJob
-from swama.engine.decisions.scorer import (
+from swama.engine.client import (
+    DECISION,
+    Cancelled,
+    DecisionJob,
+    InstalledModel,
+    NotFound,
     QuestionView,
+    Task,
     check_choice_option_names,
     noul_view,
     render_text,
     systemone_choice_view,
     systemone_score_view,
 )
-from swama.engine.errors import EngineError
-from swama.engine.files.store import InstalledModel, ModelStore
-from swama.engine.kinds import DECISION
 from swama.generated.systemone_models import (
     SystemOneChoiceQuestion,
     SystemOneRequest,
     SystemOneRequestImages1,
     SystemOneScoreQuestion,
 )
-from swama.handlers.http.errors import ApiError
 from swama.handlers.http.pipeline import Call, route
-from swama.handlers.http.settings import Settings
+from swama.handlers.http.settings import server_default_model
 from swama.handlers.http.streaming import collect_or_cancel
 from swama.handlers.media.images import (
     Image,
@@ -46,31 +47,16 @@ from swama.handlers.routes.systemone_wording import SYSTEMONE_RULES, Question, Q
 SDK_DEFAULT_MODELS = {"jev-latest"}
 
 
-def default_model_of(settings: Settings, store: ModelStore) -> InstalledModel | None:
-    """The server's default model: the one `swama serve` was started with, else the offline default
-    model when it is installed."""
-    for candidate in (settings.default_model, "smollm2"):
-        if candidate and (default := store.find(candidate)) is not None:
-            return default
-    return None
-
-
-def server_default_model(call: Call) -> InstalledModel | None:
-    """What System One's default names mean here (see default_model_of)."""
-    return default_model_of(call.settings, call.engine.store)
-
-
 def answering_model(call: Call, name: str) -> InstalledModel:
     """The installed model for `name`: itself, or for an SDK default name the server's default model."""
-    store = call.engine.store
-    found = store.find(name)
+    found = call.engine.find(name)
     if found is not None:
         return found
-    if name.strip().lower() in SDK_DEFAULT_MODELS and (default := server_default_model(call)) is not None:
+    if name.strip().lower() in SDK_DEFAULT_MODELS and \
+            (default := server_default_model(call.settings, call.engine)) is not None:
         return default
-    installed = ", ".join(m.id for m in store.list()) or "none"
-    raise EngineError(404, f"The model '{name}' is not available locally (installed: {installed}).",
-                      "model_not_found")
+    installed = ", ".join(m.id for m in call.engine.models()) or "none"
+    raise NotFound(f"The model '{name}' is not available locally (installed: {installed}).")
 
 
 @route(SYSTEMONE_RULES)
@@ -88,13 +74,13 @@ async def answer(call: Call, request: SystemOneRequest, model_of: Callable[[], I
     images = images_of(request)  # `"images": []` is the same as no field
     if model.kind == DECISION:
         return await _on_checkpoint(call, request, model, questions, open_images(images))
-    call.engine.require_language_model(model)
+    call.engine.require(model, Task.DECIDE)
     job = DecisionJob(render_text(request.state), [question_view(q) for _, q in questions],
                       context_limit=call.settings.context_limit, systemone=True, images=open_images(images))
     async for result in collect_or_cancel(call.request, call.engine.decide(model.id, job)):
         answers = [(qid, q, scored) for (qid, q), scored in zip(questions, result.answers, strict=True)]
         return render_systemone_response(model.id, answers, result.input_tokens)
-    raise ApiError(499, "The client closed the request.", code="cancelled")
+    raise Cancelled()
 
 
 async def _on_checkpoint(call: Call, request: SystemOneRequest, model: InstalledModel, questions: Questions,

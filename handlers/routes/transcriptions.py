@@ -11,7 +11,7 @@ import asyncio
 
 from fastapi import Response
 
-from swama.engine.kinds.transcription import language_code
+from swama.engine.client import Task
 from swama.generated.openai_models import CreateTranscriptionRequest
 from swama.handlers.http.errors import ApiError, bad_request
 from swama.handlers.http.pipeline import TOO_LARGE, TRANSCRIPTION_FILE_LIMIT, Call, RouteRules, route
@@ -24,29 +24,19 @@ HANDLED = frozenset({"file", "model", "language", "prompt", "response_format", "
 PATH = "/v1/audio/transcriptions"
 
 
-def parse_language(name: str | None) -> str | None:
-    if name is None:
-        return None
-    code = language_code(name)
-    if code is None:
-        raise bad_request(f"Unsupported language '{name}'; give an ISO-639-1 code such as 'en' or 'de'.",
-                          code="unsupported_language", param="language")
-    return code
-
-
 @route(RouteRules(handled=HANDLED))
 async def create_transcription(call: Call, request: CreateTranscriptionRequest) -> Response | dict:
     if len(request.file) > TRANSCRIPTION_FILE_LIMIT:
         raise ApiError(413, TOO_LARGE[PATH], code="request_too_large", param="file")
-    model_id = call.engine.resolve_speech_model(request.model)
+    model = call.engine.model_for(request.model, Task.TRANSCRIBE)
     if any(str(g) != "segment" for g in request.timestamp_granularities):
         raise bad_request("Word timestamps are not supported; segment timestamps come with verbose_json, srt and "
                           "vtt.", code="unsupported_value", param="timestamp_granularities")
-    language = parse_language(request.language)
+    language = call.engine.transcription_language(request.language)
     try:
         audio = await asyncio.to_thread(decode_audio, request.file)
     except AudioDecodeError as exc:
         raise bad_request(exc.message, code="invalid_audio", param="file") from None
-    transcript = await call.engine.transcribe(model_id, audio, language=language, prompt=request.prompt or None,
+    transcript = await call.engine.transcribe(model.id, audio, language=language, prompt=request.prompt or None,
                                               temperature=float(request.temperature))
     return render(transcript, str(request.response_format or "json"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import Response
 
-from swama.engine.kinds.transcription import Segment, Transcript
+from swama.engine.client import Transcript, TranscriptSegment
 
 CONTENT_TYPES = {"text": "text/plain; charset=utf-8", "srt": "application/x-subrip; charset=utf-8",
                  "vtt": "text/vtt; charset=utf-8"}
@@ -19,7 +19,7 @@ def _timestamp(seconds: float, separator: str) -> str:
     return f"{hours:02d}:{minutes:02d}:{secs:02d}{separator}{millis:03d}"
 
 
-def _cues(segments: list[Segment], separator: str) -> list[str]:
+def _cues(segments: list[TranscriptSegment], separator: str) -> list[str]:
     return [f"{_timestamp(s.start, separator)} --> {_timestamp(s.end, separator)}\n{s.text.strip()}\n"
             for s in segments]
 

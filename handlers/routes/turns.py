@@ -9,11 +9,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from swama.engine.decisions.scorer import IMAGES_NEED_VISION
-from swama.engine.files.store import InstalledModel
-from swama.engine.kinds import VISION
-from swama.engine.text.generator import ChatRequest, Sampling
-from swama.handlers.http.errors import ApiError
+from swama.engine.client import ChatRequest, EngineClient, InstalledModel, Sampling, Task
 from swama.handlers.media.images import ImageRef, load_images, open_images
 
 EMPTY_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
@@ -102,11 +98,11 @@ def chat_request(turns: list[Turn], *, sampling: Sampling, context_limit: int,
                        max_tokens=max_tokens, stop=list(stop or []), tools=offered, context_limit=context_limit)
 
 
-async def attach_images(request: ChatRequest, refs: list[ImageRef], model: InstalledModel) -> None:
-    """Load a request's images for `model`: refused on a text-only model, fetched or decoded and
-    checked otherwise, then opened for the vision processor."""
+async def attach_images(engine: EngineClient, request: ChatRequest, refs: list[ImageRef],
+                        model: InstalledModel) -> None:
+    """Load a request's images for `model`: refused on a text-only model before any is fetched,
+    fetched or decoded and checked otherwise, then opened for the vision processor."""
     if not refs:
         return
-    if model.kind != VISION:
-        raise ApiError(400, IMAGES_NEED_VISION, code="invalid_image")
+    engine.require(model, Task.READ_IMAGES)
     request.images = open_images(await load_images(refs, remote_allowed=True))

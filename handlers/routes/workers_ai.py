@@ -9,14 +9,14 @@ from typing import Any
 import pydantic
 from fastapi import Response
 
-from swama.engine.errors import EngineError
-from swama.engine.files.store import InstalledModel
+from swama.engine.client import BadInput, InstalledModel
 from swama.generated.systemone_models import SystemOneRequest
 from swama.generated.workers_ai_models import WorkersAiClefFlashRequest, WorkersAiClefRequest
 from swama.handlers.http.errors import ApiError
 from swama.handlers.http.pipeline import Call, RouteRules, route
+from swama.handlers.http.settings import server_default_model
 from swama.handlers.routes.decision_rules import faults, refuse
-from swama.handlers.routes.systemone import answer, server_default_model
+from swama.handlers.routes.systemone import answer
 from swama.handlers.routes.systemone_wording import SYSTEMONE_RULES
 
 ClefRequest = WorkersAiClefRequest | WorkersAiClefFlashRequest
@@ -57,14 +57,14 @@ WORKERS_AI_RULES = RouteRules(
 def clef_model(call: Call) -> InstalledModel:
     """The local model both Clef names mean: `--clef-model`, else the server's model."""
     name = call.settings.clef_model
-    found = call.engine.store.find(name) if name else server_default_model(call)
+    found = call.engine.find(name) if name else server_default_model(call.settings, call.engine)
     if found is not None:
         return found
-    installed = ", ".join(m.id for m in call.engine.store.list()) or "none"
+    installed = ", ".join(m.id for m in call.engine.models()) or "none"
     wanted = f"the Clef model '{name}'" if name else "a model for Clef (start swama serve with one)"
     # Workers AI's "No such model" (5007) is a 400.
-    raise EngineError(400, f"No such model: {wanted} is not available locally (installed: {installed}).",
-                      "model_not_found")
+    raise BadInput(f"No such model: {wanted} is not available locally (installed: {installed}).",
+                   code="model_not_found")
 
 
 def as_systemone(request: ClefRequest) -> SystemOneRequest:

@@ -51,16 +51,17 @@ def one_request(model, job) -> dict[str, float]:
         times[name] = now - clock
         clock = now
 
-    tok = decide._label_tokenizer(model)
+    state = decide.decision_state(model)
+    tok = state.label_tokenizer
     views = list(job.questions)
-    labels = [labels_for(v, lambda: decide._pair_labels(model)) for v in views]
+    labels = [labels_for(v, lambda: state.pair_labels) for v in views]
     contents = [build_content(job.text, v, lab) for v, lab in zip(views, labels, strict=True)]
     prompts = [decide._render(model, c) for c in contents]
     lap("render")
     encoded = encode_prompts(tok, prompts)
     ok = round_trips(tok, prompts, encoded)
     lap("encode")
-    memo = decide._label_memo(model)
+    memo = state.label_memo
     label_ids = []
     for ids, prompt, content, lab, good in zip(encoded.ids, prompts, contents, labels, ok, strict=True):
         check_context(len(ids), job.context_limit)
@@ -80,7 +81,7 @@ def one_request(model, job) -> dict[str, float]:
     cache = decide.tiled_cache(shared, len(suffixes), width)
     mx.eval([c.state for c in cache])
     lap("tile")
-    split = decide.head_split(net, model.caches)
+    split = state.head_split
     tokens = mx.array([s + [0] * (width - len(s)) for s in suffixes])
     body, head = split
     hidden = body(tokens, cache=cache)
@@ -103,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     add_write_option(parser)
     args = parser.parse_args(argv)
     from swama.engine.decisions.decide import DecisionJob, DecisionRun
-    from swama.engine.model import load_language_model
     from swama.engine.runtime import compute_dtype, on_gpu, reexec_with_fast_blas
+    from swama.engine.text.language import load_language_model
     from tools.bench.decisions import questions, ticket
 
     reexec_with_fast_blas(sys.argv[1:] if argv is None else argv, module="tools.bench.decision_stages")

@@ -29,8 +29,8 @@ from typing import NamedTuple
 
 from swama.engine.decisions.decide import DecisionJob, DecisionRun
 from swama.engine.decisions.scorer import decision_choice_view, decision_score_view, predicate_view
-from swama.engine.model import load_language_model
 from swama.engine.runtime import reexec_with_fast_blas
+from swama.engine.text.language import load_language_model
 from tools.bench.common import default_model_dir, missing_model_message, today, write_section
 
 TITLE = "Decisions: shared-prefix scoring vs a fresh cache per question"
@@ -264,7 +264,7 @@ def photos() -> tuple:
 def vision(args: argparse.Namespace) -> int:
     import tempfile
 
-    from swama.engine.model import load_model
+    from swama.engine.serving.loaders import load_model
     from tools.testmodels.tiny import build_tiny_model
 
     images = photos()

@@ -50,7 +50,7 @@ def decode_rate(model_dir: Path, rows: int, steps: int) -> tuple[float, int]:
     from mlx.utils import tree_flatten
     from mlx_lm.generate import BatchGenerator
 
-    from swama.engine.model import load_language_model
+    from swama.engine.text.language import load_language_model
 
     model = load_language_model("bench", model_dir)
     params = sum(v.size for _, v in tree_flatten(model.model.parameters()))

@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     from mlx_embeddings.utils import generate
 
     from swama.engine.kinds.embeddings import embed, tokenize
-    from swama.engine.model import load_model
+    from swama.engine.serving.loaders import load_model
 
     model = load_model(MINILM_ID, model_dir)  # float32 on the CPU, as the server loads it
     wrapper_texts = {n: texts(n, seed=n) for n in SIZES}

@@ -608,8 +608,8 @@ def collect(args: argparse.Namespace, command: str) -> Results:
 
 def measure_shape(results: Results, args: argparse.Namespace, shape: str, *, decisions: bool,
                   torch_matmul: bool) -> None:
-    from swama.engine.model import load_language_model
     from swama.engine.text.generator import ChatRequest, prepare
+    from swama.engine.text.language import load_language_model
 
     info = results.info[shape] = Shape(shape)
     parts = [p for p in ("prefill", "decode", "decisions") if p in args.parts and (p != "decisions" or decisions)]

@@ -14,8 +14,8 @@ import sys
 import threading
 from pathlib import Path
 
-from swama.engine.model import load_model
 from swama.engine.runtime import reexec_with_fast_blas
+from swama.engine.serving.loaders import load_model
 from swama.engine.serving.prompt_cache import PromptCache
 from swama.engine.text.generator import ChatRequest, Finished, Sampling, TextDelta, generate
 from tools.bench.common import (
@@ -34,9 +34,9 @@ QUESTIONS = ["What is the capital of France?", "And of Germany?", "Which one is 
 
 
 def conversation(model, turns: int, cached: bool) -> tuple[list[str], int, int, float]:
-    model.caches.pop("prompt_cache", None)
+    model.state.prompt_cache = None
     if cached:
-        model.caches["prompt_cache"] = PromptCache(1 << 30)
+        model.state.prompt_cache = PromptCache(1 << 30)
     messages, replies, prompt, prefilled, seconds = [], [], 0, 0, 0.0
     for question in QUESTIONS[:turns]:
         messages.append({"role": "user", "content": question})
@@ -52,7 +52,7 @@ def conversation(model, turns: int, cached: bool) -> tuple[list[str], int, int, 
                 seconds += event.prompt_seconds
         replies.append("".join(text))
         messages.append({"role": "assistant", "content": replies[-1]})
-    model.caches.pop("prompt_cache", None)
+    model.state.prompt_cache = None
     return replies, prompt, prefilled, seconds
 
 

@@ -86,10 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     import mlx.core as mx
     from mlx_audio.stt.utils import load
 
+    from swama.engine.client import EngineSettings, Task, open_engine
     from swama.engine.files.sources import create
     from swama.engine.files.store import ModelStore
     from swama.engine.kinds.transcription import _cast_whisper
-    from swama.engine.serving.engine import Engine, EngineOptions
     from swama.handlers.media.audio_decode import decode_audio
 
     work = Path(tempfile.mkdtemp(prefix="swama-bench-stt-"))
@@ -101,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
 
         async def through_engine() -> tuple[list[float], str]:
-            engine = Engine(EngineOptions(models_root=work / "models"))
-            model_id = engine.resolve_speech_model(MODEL_ID)
+            engine = open_engine(EngineSettings(models_root=work / "models"))
+            model_id = engine.model_for(MODEL_ID, Task.TRANSCRIBE).id
             try:
                 result = await engine.transcribe(model_id, audio, language="en")  # loads, then warm-up
                 times = []

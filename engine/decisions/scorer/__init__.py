@@ -3,7 +3,6 @@
 from .answers import ScoredAnswer, answer_from_logits, answer_from_logprobs
 from .checks import (
     CHAT_TEMPLATE_REQUIRED,
-    IMAGES_NEED_VISION,
     DecisionError,
     answer_position_text,
     check_context,
@@ -53,7 +52,6 @@ from .questions import (
 __all__ = [
     "CHAT_TEMPLATE_REQUIRED",
     "DIGIT_LABELS",
-    "IMAGES_NEED_VISION",
     "LETTER_LABELS",
     "PAIR_CANDIDATES",
     "PROMPT_FORMAT_VERSION",

@@ -1,0 +1,233 @@
+"""The one door into the engine: everything the routes and the command line may use of it.
+
+Routes (handlers/routes) and the command line (handlers/cli) import the engine through this module
+and nothing else. What crosses the door is plain data, so it can later run across a process
+boundary:
+
+- typed requests in: `ChatRequest` (with `Sampling`), `DecisionJob` (with `QuestionView`s), texts to
+  embed, text to speak, 16 kHz audio samples to transcribe; images as decoded PIL images;
+- events and results out: `TextDelta` / `ToolCallEvent` / `Finished`, `DecisionResult`,
+  `CheckpointResult`, `Embeddings`, `SpeechSegment`, `Transcript`;
+- facts about models: `InstalledModel`, `Task`, `Voices`, `AliasEntry`, `EngineStatus`;
+- one family of errors (`EngineError` and its kinds, engine/errors.py).
+
+`EngineClient` is the door's shape and `open_engine(settings)` opens one that runs in this process;
+`ModelFiles` lists, installs and removes models without starting MLX (`swama pull`, `list`, `rm`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from swama.engine.decisions.checkpoints import CheckpointResult
+from swama.engine.decisions.decide import DecisionJob, DecisionResult
+from swama.engine.decisions.scorer import (
+    QuestionKind,
+    QuestionView,
+    ScoredAnswer,
+    check_choice_option_names,
+    decision_choice_view,
+    decision_score_view,
+    noul_view,
+    predicate_view,
+    render_text,
+    systemone_choice_view,
+    systemone_score_view,
+)
+from swama.engine.errors import (
+    CLIENT_CLOSED,
+    BadInput,
+    Busy,
+    Cancelled,
+    ContextTooLong,
+    DecisionError,
+    EngineError,
+    LoadFailed,
+    ModelFileError,
+    NotFound,
+    Unavailable,
+    WrongModel,
+)
+from swama.engine.files.aliases import DEFAULT_MODEL, AliasEntry
+from swama.engine.files.store import InstalledModel
+from swama.engine.kinds import DECISION, EMBEDDING, KINDS, LANGUAGE, SPEECH_TO_TEXT, TEXT_TO_SPEECH, VISION
+from swama.engine.kinds.embeddings import Embeddings
+from swama.engine.kinds.speech import NO_SPEECH, Voices
+from swama.engine.kinds.speech import Segment as SpeechSegment
+from swama.engine.kinds.tasks import IMAGES_NEED_VISION, Task
+from swama.engine.kinds.transcription import SAMPLE_RATE, Transcript
+from swama.engine.kinds.transcription import Segment as TranscriptSegment
+from swama.engine.serving.engine import EngineStatus
+from swama.engine.settings import (
+    DEVICE_CHOICES,
+    DTYPE_CHOICES,
+    EngineSettings,
+    RuntimeSettings,
+    SettingsError,
+    StoreSettings,
+    default_of,
+    env_of,
+    flag_of,
+    option,
+    read,
+)
+from swama.engine.text.generator import (
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_P,
+    OUT_OF_RANGE,
+    ChatRequest,
+    Event,
+    Finished,
+    Sampling,
+    TextDelta,
+    ToolCallEvent,
+)
+from swama.engine.text.tool_calls import ToolCall
+
+__all__ = [
+    "CLIENT_CLOSED", "DECISION", "DEFAULT_MODEL", "DEFAULT_TEMPERATURE", "DEFAULT_TOP_P", "DEVICE_CHOICES",
+    "DTYPE_CHOICES", "EMBEDDING", "IMAGES_NEED_VISION", "KINDS", "LANGUAGE", "OUT_OF_RANGE", "SAMPLE_RATE",
+    "SPEECH_TO_TEXT", "TEXT_TO_SPEECH", "VISION", "AliasEntry", "BadInput", "Busy", "Cancelled", "ChatRequest",
+    "CheckpointResult", "ContextTooLong", "DecisionError", "DecisionJob", "DecisionResult", "Embeddings",
+    "EngineClient", "EngineError", "EngineSettings", "EngineStatus", "Event", "Finished", "InstalledModel",
+    "LoadFailed", "ModelFileError", "ModelFiles", "NO_SPEECH", "NotFound", "QuestionKind", "QuestionView", "RuntimeSettings", "Sampling",
+    "ScoredAnswer", "SettingsError", "StoreSettings", "SpeechSegment", "Task", "TextDelta", "ToolCall", "ToolCallEvent",
+    "Transcript", "TranscriptSegment", "Unavailable", "Voices", "WrongModel", "check_choice_option_names",
+    "decision_choice_view", "decision_score_view", "default_of", "env_of", "flag_of", "model_files", "noul_view",
+    "open_engine", "option", "predicate_view", "prepare_process", "read", "render_text", "startup_note",
+    "systemone_choice_view", "systemone_score_view",
+]
+
+
+class EngineClient(Protocol):
+    """What the routes and the command line ask of the engine."""
+
+    # Observers the server hangs its metrics on: (model id, Finished) per generation, and
+    # (model id, questions, shared prefix tokens) per decision request.
+    on_generation: Callable[[str, Finished], None] | None
+    on_decisions: Callable[[str, int, int], None] | None
+
+    def models(self) -> list[InstalledModel]:
+        """The installed models, by id."""
+
+    def find(self, name: str) -> InstalledModel | None:
+        """The installed model an alias or id names, or None."""
+
+    def model(self, name: str) -> InstalledModel:
+        """The installed model `name` names: BadInput for a blank name, NotFound when none is installed."""
+
+    def require(self, model: InstalledModel, task: Task, name: str | None = None) -> None:
+        """WrongModel when `model` cannot do `task` (`name`: what the client asked for)."""
+
+    def model_for(self, name: str, task: Task) -> InstalledModel:
+        """`model(name)`, refused when it cannot do `task`."""
+
+    def status(self) -> EngineStatus: ...
+
+    def chat(self, model_id: str, request: ChatRequest) -> AsyncIterator[Event]:
+        """The events of one generation; stop iterating (or `aclose()`) to cancel it."""
+
+    def decide(self, model_id: str, job: DecisionJob) -> AsyncIterator[DecisionResult]:
+        """One `DecisionResult` for the job's questions."""
+
+    async def predict_checkpoint(self, model_id: str, state: Any, questions: dict[str, dict[str, Any]],
+                                 images: list[Any]) -> CheckpointResult:
+        """System One questions answered by a decision checkpoint's own head."""
+
+    async def embed(self, model_id: str, texts: list[str], dimensions: int | None = None) -> Embeddings: ...
+
+    def voices(self, model_id: str) -> Voices: ...
+
+    def speak(self, model_id: str, text: str, voice: str | None, speed: float) -> AsyncIterator[SpeechSegment]:
+        """Audio segments as the model makes them; stop iterating to cancel."""
+
+    def transcription_language(self, name: str | None) -> str | None:
+        """The language code a request names (None: detected); BadInput when it names none."""
+
+    async def transcribe(self, model_id: str, audio: Any, *, language: str | None = None,
+                         prompt: str | None = None, temperature: float = 0.0) -> Transcript: ...
+
+    async def close(self) -> None: ...
+
+
+def open_engine(settings: EngineSettings) -> EngineClient:
+    """An engine running in this process."""
+    from swama.engine.serving.engine import Engine
+
+    return Engine(settings)
+
+
+class ModelFiles:
+    """The installed models and installing them: no MLX is started, so `swama list` stays quick."""
+
+    def __init__(self, root: Path) -> None:
+        from swama.engine.files.store import ModelStore
+
+        self.root = root
+        self._store = ModelStore(root)
+
+    def list(self) -> list[InstalledModel]:
+        return self._store.list()
+
+    def find(self, name: str) -> InstalledModel | None:
+        return self._store.find(name)
+
+    def get(self, name: str) -> InstalledModel:
+        """The installed model; ModelNotInstalled (worded with the command that installs it) otherwise."""
+        return self._store.get(name)
+
+    def pull(self, name: str) -> InstalledModel:
+        """Install `name` (an alias or a Hugging Face id) from where it is published."""
+        from swama.engine.files.sources import pull
+
+        return pull(self._store, name)
+
+    def find_or_pull(self, name: str) -> InstalledModel:
+        return self.find(name) or self.pull(name)
+
+    def create(self, path: Path, name: str, *, dtype: str | None = None, quantize: int | None = None,
+               progress: bool = False) -> InstalledModel:
+        """Install a local model folder (copied) or a GGUF file (converted: floating weights to `dtype`,
+        None for the device's; matrices re-quantized to `quantize` bits when given)."""
+        import mlx.core as mx
+
+        from swama.engine.files.gguf_import import ImportOptions
+        from swama.engine.files.sources import create
+
+        options = ImportOptions(dtype=getattr(mx, dtype) if dtype else None, quantize_bits=quantize,
+                                progress=progress)
+        return create(self._store, path, name, options=options)
+
+    def remove(self, name: str) -> InstalledModel:
+        return self._store.remove(name)
+
+    @staticmethod
+    def aliases() -> list[AliasEntry]:
+        """Every alias with the kind of model it names and whether this installation can serve it."""
+        from swama.engine.files.aliases import catalog
+
+        return catalog()
+
+
+def model_files(settings: StoreSettings | None = None) -> ModelFiles:
+    """The installed models under `settings.models_root` (SWAMA_MODELS or ~/.swama/models by default)."""
+    return ModelFiles((settings or read(StoreSettings)).models_root)
+
+
+def prepare_process(argv: list[str]) -> None:
+    """Before a command that runs models: restart once with a tuned BLAS preloaded (Linux CPU), then
+    make the chosen device MLX's default. ValueError or RuntimeError when the device or dtype asked
+    for cannot be had here."""
+    from swama.engine.runtime import activate_device, reexec_with_fast_blas
+
+    reexec_with_fast_blas(argv)
+    activate_device()
+
+
+def startup_note() -> str | None:
+    """What to tell someone starting a server on MLX's slow bundled BLAS (None when nothing)."""
+    from swama.engine.runtime import slow_blas_note
+
+    return slow_blas_note()

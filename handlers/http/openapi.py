@@ -1,0 +1,55 @@
+"""The OpenAPI document served at /openapi.json: the pinned specs of every route family, merged.
+
+It is exactly what the routes accept (the specs are narrowed by their overlays), so a contract
+tester reading it sees the truth; `family_for` tells which family's error envelope a path answers in.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from swama.generated.routes import OPERATIONS
+from swama.handlers.http.version import package_version
+
+SPEC_FILES = ("openai.yaml", "decisions.yaml", "systemone.yaml", "workers_ai.yaml")
+
+
+@functools.cache
+def merged_spec() -> dict[str, Any]:
+    """One OpenAPI document for every route we serve, built from the pinned specs."""
+    merged: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {"title": "swama", "version": package_version()},
+        "paths": {},
+        "components": {"schemas": {}},
+    }
+    folder = resources.files("swama.specs")
+    for name in SPEC_FILES:
+        doc = yaml.load(folder.joinpath(name).read_text(encoding="utf-8"),
+                        Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        for path, item in doc["paths"].items():
+            merged["paths"].setdefault(path, {}).update(item)
+        for schema, body in doc["components"]["schemas"].items():
+            if schema in merged["components"]["schemas"] and merged["components"]["schemas"][schema] != body:
+                raise RuntimeError(f"component {schema} differs between pinned specs")
+            merged["components"]["schemas"][schema] = body
+    return merged
+
+
+def family_for(path: str) -> str:
+    """The route family whose error envelope answers `path` (for paths no route serves too)."""
+    if path.startswith(("/client/v4/", "/accounts/")):
+        return "workers_ai"  # Cloudflare's API space: its envelope, whatever the route
+    for op in OPERATIONS.values():
+        if op.path == path:
+            return op.family if op.family in ("decisions", "systemone") else "openai"
+    return "openai"
+
+
+def openapi_json() -> str:
+    return json.dumps(merged_spec())
