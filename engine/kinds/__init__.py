@@ -1,4 +1,7 @@
-"""What kind of model a folder holds, read from its config the way the MLX libraries tell them apart.
+"""Model kinds: what kind of model a folder holds (here), what each kind can do (tasks.py), and the
+kinds beyond language models (vision, embeddings, transcription, speech).
+
+A folder's kind is read from its config the way the MLX libraries tell them apart.
 
 mlx-vlm models carry a `vision_config` (or an image token) beside the text model; decision checkpoints
 (Clef, PPLX-Decider) name an mlx-vlm architecture with its own decision head; speech models name

@@ -22,7 +22,7 @@ import contextlib
 import gc
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -180,9 +180,7 @@ class ModelPool:
     async def use(self, name: str, *, admit: bool = True) -> AsyncIterator[LoadedModel]:
         """Hold `name` exclusively (FIFO) for one operation. `admit=False` is for the later turns of
         work already admitted (a decision request's questions), which are never refused."""
-        installed = self._installed(name)  # not found before any waiting
-        self._ensure_reaper()
-        entry = self._entries.setdefault(installed.id, _Entry())
+        installed, entry = self._entry_for(name)
         if admit:
             self._admit(installed.id, entry, shared=False)
         entry.active += 1
@@ -192,12 +190,8 @@ class ModelPool:
             try:
                 await self._acquire(self._slots, deadline, installed.id)
                 try:
-                    model = await self._load(installed.id, entry)
-                    entry.last_used = time.monotonic()
-                    try:
-                        yield model
-                    finally:
-                        entry.last_used = time.monotonic()
+                    with self._in_use(entry):
+                        yield await self._load(installed.id, entry)
                 finally:
                     self._slots.release()
             finally:
@@ -209,9 +203,7 @@ class ModelPool:
     async def share(self, name: str, capacity: int) -> AsyncIterator[LoadedModel]:
         """Hold `name` loaded, without exclusivity, for work its batch scheduler runs; `capacity`
         holders run at once and the ones past it count against the queue limits."""
-        installed = self._installed(name)
-        self._ensure_reaper()
-        entry = self._entries.setdefault(installed.id, _Entry())
+        installed, entry = self._entry_for(name)
         entry.capacity = capacity
         self._admit(installed.id, entry, shared=True)
         entry.active += 1
@@ -222,14 +214,27 @@ class ModelPool:
                     model = await self._load(installed.id, entry)
             except TimeoutError:
                 raise self._timed_out(installed.id) from None
-            entry.last_used = time.monotonic()
-            try:
+            with self._in_use(entry):
                 yield model
-            finally:
-                entry.last_used = time.monotonic()
         finally:
             entry.active -= 1
             entry.shared -= 1
+
+    def _entry_for(self, name: str) -> tuple[InstalledModel, _Entry]:
+        """The installed model `name` names (NotFound before any waiting) and its pool entry."""
+        installed = self._installed(name)
+        self._ensure_reaper()
+        return installed, self._entries.setdefault(installed.id, _Entry())
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _in_use(entry: _Entry) -> Iterator[None]:
+        """Idle time counts from the end of the last use, not its start."""
+        entry.last_used = time.monotonic()
+        try:
+            yield
+        finally:
+            entry.last_used = time.monotonic()
 
     def _ensure_reaper(self) -> None:
         if self._reaper is None or self._reaper.done():

@@ -1,1 +1,1 @@
-"""handlers/cli."""
+"""The swama command: one module per command; options.py makes the flags from the settings."""

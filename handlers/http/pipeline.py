@@ -15,9 +15,7 @@ spec by `x-swama-handler: "module:function"` (resolved under swama.handlers) and
 
 from __future__ import annotations
 
-import functools
 import importlib
-import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -30,30 +28,14 @@ from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
 from swama.engine.client import EngineClient, EngineError
+from swama.handlers.http.body import read_body
 from swama.handlers.http.errors import ApiError, bad_request, engine_error, error_body
+from swama.handlers.http.forms import read_form
 from swama.handlers.http.schema_errors import openai_schema_error
 from swama.handlers.http.settings import ServerSettings
 from swama.handlers.http.strict_json import StrictJSONError, parse_strict_json
 
 log = logging.getLogger("swama")
-
-MiB = 1024 * 1024
-# "100MB" for an uploaded audio file means 100,000,000 bytes of the file part; the body may add
-# 64 KiB of multipart framing and other fields, so a larger declared body is refused unread.
-TRANSCRIPTION_FILE_LIMIT = 100 * 1000 * 1000
-# Route-specific body limits; everything else gets a generous default so a stray upload cannot
-# exhaust memory.
-BODY_LIMITS = {"/v1/systemone": 13 * MiB, "/v1/audio/transcriptions": TRANSCRIPTION_FILE_LIMIT + 64 * 1024}
-DEFAULT_BODY_LIMIT = 64 * MiB
-TOO_LARGE = {"/v1/systemone": "The request body is larger than 13 MiB.",
-             "/v1/audio/transcriptions": "File size exceeds 100MB limit"}
-# The Clef cards cap the whole request body at 13 MiB, as /v1/systemone does.
-CLEF_RUN = "/ai/run/@cf/cloudflare/"
-
-
-def _limit_key(path: str) -> str:
-    return "/v1/systemone" if CLEF_RUN in path else path
-
 
 @dataclass(frozen=True)
 class Operation:
@@ -164,122 +146,6 @@ def validate(model: type[pydantic.BaseModel], rules: RouteRules, data: Any) -> p
     return parsed
 
 
-async def _parse_form(op: Operation, rules: RouteRules, request: Request, body: bytes) -> pydantic.BaseModel:
-    from starlette.requests import Request as StarletteRequest
-
-    content_type = request.headers.get("content-type", "")
-    if not content_type.lower().startswith("multipart/form-data"):
-        raise bad_request("Content-Type must be multipart/form-data", code="invalid_content_type")
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    try:
-        form = await StarletteRequest(request.scope, receive).form(max_files=4, max_fields=64)
-    except Exception as exc:  # python-multipart raises several unrelated types
-        raise bad_request(f"Malformed request: the multipart body does not parse ({exc})",
-                          code="invalid_multipart") from None
-    assert op.request_model is not None
-    kinds = _form_kinds(op.request_model)
-    fields: dict[str, Any] = {}
-    for name, value in form.multi_items():
-        if not isinstance(value, str):
-            fields[name] = await value.read()  # an upload: the model's `file` is binary
-            continue
-        key = name.removesuffix("[]")
-        kind = kinds.get(key, set())
-        if "array" in kind:
-            fields.setdefault(key, []).append(value)
-        else:
-            fields[key] = _form_value(value, kind)
-    return validate(op.request_model, rules, fields)
-
-
-@functools.cache
-def _form_kinds(model: type[pydantic.BaseModel]) -> dict[str, set[str]]:
-    """The JSON types each field may take: form fields arrive as text and are typed from these."""
-
-    schema = model.model_json_schema()
-    defs = schema.get("$defs", {})
-
-    def types(node: dict[str, Any]) -> set[str]:
-        if "$ref" in node:
-            node = defs.get(node["$ref"].rsplit("/", 1)[-1], {})
-        found = {node["type"]} if isinstance(node.get("type"), str) else set()
-        if "enum" in node or "const" in node:
-            found.add("string")
-        for key in ("anyOf", "oneOf", "allOf"):
-            for member in node.get(key, []):
-                found |= types(member)
-        return found
-
-    return {name: types(prop) for name, prop in schema["properties"].items()}
-
-
-_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", dict: "object", type(None): "null"}
-
-
-def _form_value(text: str, kinds: set[str]) -> Any:
-    """A form field's text as the JSON value it spells, when the field takes such a value (a number,
-    a boolean, null or an object); otherwise the text itself, for the model to judge."""
-    if not kinds - {"string"}:
-        return text
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return text
-    kind = _JSON_TYPES.get(type(value))
-    if kind in kinds or (kind == "integer" and "number" in kinds):
-        return value
-    return text
-
-
-def _decode(body: bytes, encoding: str) -> bytes:
-    encoding = encoding.strip().lower()
-    if encoding in ("", "identity"):
-        return body
-    if encoding == "zstd":
-        import zstandard
-
-        try:
-            # Bounded so a small compressed body cannot expand past the route's limit.
-            return zstandard.ZstdDecompressor().decompress(body, max_output_size=DEFAULT_BODY_LIMIT + 1)
-        except zstandard.ZstdError as exc:
-            raise bad_request(f"Malformed request: the zstd body does not decode ({exc})",
-                              code="invalid_encoding") from None
-    if encoding == "gzip":
-        import gzip
-        import zlib
-
-        try:
-            return gzip.decompress(body)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise bad_request(f"Malformed request: the gzip body does not decode ({exc})",
-                              code="invalid_encoding") from None
-    raise ApiError(415, f"Content-Encoding '{encoding}' is not supported; send zstd, gzip or no encoding.",
-                   code="unsupported_encoding")
-
-
-async def read_body(request: Request, path: str) -> bytes:
-    path = _limit_key(path)
-    limit = BODY_LIMITS.get(path, DEFAULT_BODY_LIMIT)
-    too_large = ApiError(413, TOO_LARGE.get(path, f"The request body is larger than {limit // MiB} MiB."),
-                         code="request_too_large")
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise too_large
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
-    body = _decode(b"".join(chunks), request.headers.get("content-encoding", ""))
-    if len(body) > limit:
-        raise too_large
-    return body
-
-
 def _check_key(op: Operation, request: Request, settings: ServerSettings) -> None:
     if not settings.api_key or request.headers.get("authorization", "") == f"Bearer {settings.api_key}":
         return
@@ -321,7 +187,8 @@ async def dispatch(op: Operation, request: Request) -> Response:
         if op.method == "POST":
             call.body = await read_body(request, op.path)
             if op.media_type == "multipart/form-data":
-                parsed = await _parse_form(op, rules, request, call.body)
+                assert op.request_model is not None
+                parsed = validate(op.request_model, rules, await read_form(request, call.body, op.request_model))
             else:
                 parsed = parse_json_request(op, rules, call.body)
         result = await handler(call, parsed)

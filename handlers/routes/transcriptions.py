@@ -13,8 +13,9 @@ from fastapi import Response
 
 from swama.engine.client import Task
 from swama.generated.openai_models import CreateTranscriptionRequest
+from swama.handlers.http.body import TOO_LARGE, TRANSCRIPTION_FILE_LIMIT
 from swama.handlers.http.errors import ApiError, bad_request
-from swama.handlers.http.pipeline import TOO_LARGE, TRANSCRIPTION_FILE_LIMIT, Call, RouteRules, route
+from swama.handlers.http.pipeline import Call, RouteRules, route
 from swama.handlers.media.audio_decode import AudioDecodeError, decode_audio
 from swama.handlers.routes.transcriptions_render import render
 

@@ -52,12 +52,12 @@ from tools.bench.common import (
     markdown_table,
     median,
     missing_model_message,
+    publish,
     ratio,
     server_env,
     temp_dir,
     today,
     write_float32_copy,
-    write_section,
 )
 
 SECTION = "Chat: swama vs mlx_lm.server"
@@ -412,11 +412,7 @@ def main(argv: list[str] | None = None) -> int:
             for target in targets if round_ % 2 == 0 else reversed(targets):
                 run_target(target, plan, args.runs, args.timeout)
         load = f"{load_before} at the start, {load_average()} at the end"
-    text = report(targets, plan, args, command, load, model_dir)
-    print("\n" + text)
-    if args.write is not None:
-        write_section(args.write, SECTION, text)
-        print(f"\nwrote the '{SECTION}' section of {args.write}")
+    publish(SECTION, report(targets, plan, args, command, load, model_dir), args.write)
     return 0
 
 

@@ -351,3 +351,4 @@ def publish(title: str, body: str, write: Path | None) -> None:
     print(body)
     if write is not None:
         write_section(write, title, body)
+        print(f"\nwrote the '{title}' section of {write}")

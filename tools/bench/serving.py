@@ -49,11 +49,11 @@ from tools.bench.common import (
     floating_dtype,
     free_port,
     markdown_table,
+    publish,
     ratio,
     temp_dir,
     today,
     write_float32_copy,
-    write_section,
 )
 
 SECTION = "Serving concurrent clients: continuous batching vs one at a time vs mlx_lm.server"
@@ -212,11 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         results = [[Level.merged([levels[c] for levels in per_round]) for c in range(len(args.clients))]
                    for per_round in runs]
         load = f"{load_before} at the start, {load_average()} at the end"
-    text = report([t.label for t in targets], results, command, model_dir, args, load)
-    print("\n" + text)
-    if args.write is not None:
-        write_section(args.write, SECTION, text)
-        print(f"\nwrote the '{SECTION}' section of {args.write}")
+    publish(SECTION, report([t.label for t in targets], results, command, model_dir, args, load), args.write)
     return 0
 
 
