@@ -137,13 +137,13 @@ cmd_test() {
     environment
     mkdir -p "$OUT"
     # The real models are converted once, before the workers start, so none of them races another.
-    python3 -m pytest -q -p no:cacheprovider --setup-only tests/test_gguf_import.py tests/test_embeddings.py \
-        tests/test_transcription.py > "$OUT/setup.log" 2>&1 || true
+    python3 -m pytest -q -p no:cacheprovider --setup-only tests/engine/test_gguf_import.py tests/live/test_embeddings.py \
+        tests/engine/test_transcription.py > "$OUT/setup.log" 2>&1 || true
     set -o pipefail
     # The installed-wheel tests build and install the package from a package index, which this
     # machine does not reach; they are about packaging, not the GPU, and run in CI.
     python3 -m pytest -q -p no:cacheprovider -n "${SWAMA_GPU_WORKERS:-8}" --dist loadfile \
-        --ignore=tests/test_installed_wheel.py --junitxml="$OUT/junit.xml" "$@" 2>&1 | tee "$OUT/tests.log"
+        --ignore=tests/live/test_installed_wheel.py --junitxml="$OUT/junit.xml" "$@" 2>&1 | tee "$OUT/tests.log"
 }
 
 cmd_bench() {

@@ -14,7 +14,7 @@ from swama.handlers.cli.main import build_parser
 from swama.handlers.cli.options import add_options, given
 from swama.handlers.http.settings import ServerSettings
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # The modules that define the options; everything else must take them from there.
 SETTINGS_MODULES = {REPO / "engine" / "settings.py", REPO / "handlers" / "http" / "settings.py"}
 

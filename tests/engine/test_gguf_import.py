@@ -14,7 +14,16 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
-from gguf_models import (
+from mlx_lm import generate, load, stream_generate
+from mlx_lm.sample_utils import make_sampler
+from transformers import AutoTokenizer
+
+from swama.engine.files.gguf_import import GGUFImportError, ImportOptions, import_gguf, supported_types
+from swama.engine.files.gguf_tokenizer import build_tokenizer
+from swama.engine.files.sources import PullError, create
+from swama.engine.files.store import META, ModelStore
+from swama.engine.runtime import compute_dtype
+from tools.testmodels.gguf_files import (
     ARCHS,
     TINY_TOKENS,
     decoded,
@@ -25,15 +34,6 @@ from gguf_models import (
     tokenizer_metadata,
     write_gguf,
 )
-from mlx_lm import generate, load, stream_generate
-from mlx_lm.sample_utils import make_sampler
-from transformers import AutoTokenizer
-
-from swama.engine.files.gguf_import import GGUFImportError, ImportOptions, import_gguf, supported_types
-from swama.engine.files.gguf_tokenizer import build_tokenizer
-from swama.engine.files.sources import PullError, create
-from swama.engine.files.store import META, ModelStore
-from swama.engine.runtime import compute_dtype
 
 F32_OUT = ImportOptions(dtype=mx.float32)
 PROMPT = [3, 70, 101, 258, 259, 12, 200, 33]  # token ids of the tiny vocabulary

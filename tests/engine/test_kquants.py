@@ -1,4 +1,4 @@
-"""The test-side K-quant encoder (tests/kquants.py) against the `gguf` package's decoder."""
+"""The test-side K-quant encoder (tools/testmodels/kquants.py) against the `gguf` package's decoder."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize, quant_shape_to_byte_shape
-from kquants import quantize
+
+from tools.testmodels.kquants import quantize
 
 T = GGMLQuantizationType
 

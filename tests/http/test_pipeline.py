@@ -11,7 +11,7 @@ import pytest
 
 from swama.generated.routes import OPERATIONS
 from swama.handlers import routes
-from swama.handlers.http import pipeline as dispatch
+from swama.handlers.http import forms, pipeline
 from swama.handlers.http.errors import ApiError
 from swama.handlers.http.pipeline import parse_json_request, resolve, rules_of, validate
 
@@ -20,7 +20,7 @@ BODY_OPERATIONS = [op for op in OPERATIONS.values() if op.request_model is not N
 
 
 @pytest.mark.parametrize("op", BODY_OPERATIONS, ids=lambda op: op.operation_id)
-def test_every_route_says_which_fields_it_acts_on(op: dispatch.Operation) -> None:
+def test_every_route_says_which_fields_it_acts_on(op: pipeline.Operation) -> None:
     rules = rules_of(resolve(op.handler))
     assert rules.handled is not None, f"{op.operation_id} would take any field a spec change adds"
     fields = set(op.request_model.model_fields)
@@ -28,7 +28,7 @@ def test_every_route_says_which_fields_it_acts_on(op: dispatch.Operation) -> Non
 
 
 @pytest.mark.parametrize("op", BODY_OPERATIONS, ids=lambda op: op.operation_id)
-def test_every_handler_takes_its_generated_model(op: dispatch.Operation) -> None:
+def test_every_handler_takes_its_generated_model(op: pipeline.Operation) -> None:
     handler = resolve(op.handler)
     hints = inspect.get_annotations(handler, eval_str=True)
     second = list(inspect.signature(handler).parameters)[1]  # (call, <the typed request>)
@@ -66,7 +66,7 @@ def test_a_field_the_model_accepts_but_the_route_does_not_act_on_is_refused() ->
 @pytest.mark.parametrize("op", [op for op in BODY_OPERATIONS if op.media_type == "application/json"],
                          ids=lambda op: op.operation_id)
 @pytest.mark.parametrize("body", [b"", b"{", b"[]", b'{"a": 1, "a": 2}', b'{"x": NaN}', b'"\\ud800"'])
-def test_raw_checks_come_first_on_every_json_route(op: dispatch.Operation, body: bytes) -> None:
+def test_raw_checks_come_first_on_every_json_route(op: pipeline.Operation, body: bytes) -> None:
     rules = rules_of(resolve(op.handler))
     with pytest.raises(Exception) as refused:
         parse_json_request(op, rules, body)
@@ -77,9 +77,9 @@ def test_raw_checks_come_first_on_every_json_route(op: dispatch.Operation, body:
 def test_form_fields_are_typed_from_the_model() -> None:
     """Multipart text fields become the JSON types the model declares, then the model parses them."""
     op = OPERATIONS["createTranscription"]
-    kinds = dispatch._form_kinds(op.request_model)
+    kinds = forms._form_kinds(op.request_model)
     assert "number" in kinds["temperature"] and "string" in kinds["model"]
-    assert dispatch._form_value("0.5", kinds["temperature"]) == 0.5
-    assert dispatch._form_value("x", kinds["temperature"]) == "x"  # the model refuses it
-    assert dispatch._form_value("null", kinds["chunking_strategy"]) is None
-    assert dispatch._form_value("0.5", kinds["model"]) == "0.5"  # text stays text
+    assert forms._form_value("0.5", kinds["temperature"]) == 0.5
+    assert forms._form_value("x", kinds["temperature"]) == "x"  # the model refuses it
+    assert forms._form_value("null", kinds["chunking_strategy"]) is None
+    assert forms._form_value("0.5", kinds["model"]) == "0.5"  # text stays text

@@ -37,7 +37,7 @@ def error_message(response) -> str:
 def _handler_rules() -> dict[str, list[re.Pattern[str]]]:
     """The refusals each overlay states as rules no schema can say (x-swama-handler-rules)."""
     rules: dict[str, list[re.Pattern[str]]] = {}
-    for path in sorted((Path(__file__).resolve().parents[1] / "specs" / "overlays").glob("*.yaml")):
+    for path in sorted((Path(__file__).resolve().parents[2] / "specs" / "overlays").glob("*.yaml")):
         for operation, patterns in (yaml.safe_load(path.read_text()).get("x-swama-handler-rules") or {}).items():
             rules.setdefault(operation, []).extend(re.compile(p) for p in patterns)
     return rules

@@ -24,7 +24,7 @@ from live_server import free_port
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # Top-level folders that install as swama.<folder>; everything below them must reach the wheel.
 # tools/ (spec pipeline, benchmarks, test-model builders) runs from a checkout and stays out of it.
 PACKAGE_FOLDERS = ("engine", "handlers", "generated", "specs")

@@ -32,7 +32,7 @@ CHROMIUM = os.environ.get("SWAMA_CHROMIUM") or shutil.which("chromium") or "/usr
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
 ARTIFACTS = Path(os.environ.get("SWAMA_TEST_ARTIFACTS")
-                 or Path(__file__).resolve().parent.parent / ".cache" / "test-artifacts" / "playground")
+                 or Path(__file__).resolve().parents[2] / ".cache" / "test-artifacts" / "playground")
 KEY = "playground-secret"
 QWEN_VL = "test/tiny-qwen3-vl"
 # A bar is drawn to whole pixels (or fractions of one): its width may differ from the probability

@@ -1,6 +1,6 @@
 """POST /v1/audio/transcriptions on a live server with Whisper tiny.en installed: the official openai
 SDK in every response format, compressed uploads, the refusals and the 100 MB limit
-(tests/test_transcription_cli.py covers `swama transcribe`)."""
+(tests/live/test_transcription_cli.py covers `swama transcribe`)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from test_transcription import SHORT_WER_BOUND, word_error_rate, words
 
 from live_server import LiveServer, start_server
 from model_fixtures import SpeechClip
-from swama.handlers.http.pipeline import BODY_LIMITS, TRANSCRIPTION_FILE_LIMIT
+from swama.handlers.http.body import BODY_LIMITS, TRANSCRIPTION_FILE_LIMIT
 
 ROUTE = "/v1/audio/transcriptions"
 CUE = re.compile(r"(\d\d):(\d\d):(\d\d)[,.](\d\d\d) --> (\d\d):(\d\d):(\d\d)[,.](\d\d\d)")

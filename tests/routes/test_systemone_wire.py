@@ -19,8 +19,9 @@ from swama.engine.decisions.scorer import (
 )
 from swama.generated.routes import OPERATIONS
 from swama.generated.systemone_models import SystemOneQuestion, SystemOneRequest
+from swama.handlers.http.body import BODY_LIMITS
 from swama.handlers.http.errors import ApiError
-from swama.handlers.http.pipeline import BODY_LIMITS, parse_json_request, rules_of
+from swama.handlers.http.pipeline import parse_json_request, rules_of
 from swama.handlers.routes import decisions as decisions_route
 from swama.handlers.routes.decisions import create_decision
 from swama.handlers.routes.systemone import check_questions, create_system_one, question_view, questions_of
@@ -364,7 +365,7 @@ def test_refusals(raw: bytes, message: str) -> None:
 
 
 def test_body_limit_is_13_mib() -> None:
-    # Bodies over the limit get 413 before parsing (tests/test_server.py sends one).
+    # Bodies over the limit get 413 before parsing (tests/live/test_server.py sends one).
     assert BODY_LIMITS["/v1/systemone"] == MAX_BODY_BYTES
 
 

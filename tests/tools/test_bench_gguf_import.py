@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from gguf import GGMLQuantizationType as Q
-from gguf_models import matrices_as, source_weights, write_gguf
 
 from tools.bench import gguf_import as bench_gguf_import
+from tools.testmodels.gguf_files import matrices_as, source_weights, write_gguf
 
 
 def test_before_and_after_are_measured(tmp_path: Path) -> None:

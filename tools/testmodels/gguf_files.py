@@ -16,9 +16,10 @@ import gguf
 import mlx.core as mx
 import numpy as np
 from gguf import GGMLQuantizationType as Q
-from kquants import quantize as kquantize
 from mlx.utils import tree_flatten
 from mlx_lm.utils import _get_classes
+
+from tools.testmodels.kquants import quantize as kquantize
 
 ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
 MODEL_TYPES = {"gemma3": "gemma3_text"}
