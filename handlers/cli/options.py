@@ -69,3 +69,25 @@ def export(args: argparse.Namespace, cls: type[BaseSettings]) -> None:
     after the restart that preloads a BLAS."""
     for name, value in given(args, cls).items():
         os.environ[env_of(cls, name)] = str(value)
+
+
+def options_table(*classes: type[BaseSettings]) -> str:
+    """A markdown table of the command-line options of `classes`: flag, default, variable, meaning."""
+    rows = [["option", "default", "environment", "what it does"], ["---"] * 4]
+    seen: set[str] = set()
+    for cls in classes:
+        for name, info in cls.model_fields.items():
+            extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+            if name in seen or not extra.get("cli", True):
+                continue
+            seen.add(name)
+            env = env_of(cls, name)
+            if _value_type(info.annotation) is bool:
+                flag = (extra.get("flags") or [f"--{'no-' if info.default else ''}{name.replace('_', '-')}"])[0]
+                rows.append([f"`{flag}`", "", f"`{env}={0 if info.default else 1}`", info.description])
+                continue
+            flags = extra.get("flags") or [f"--{name.replace('_', '-')}"]
+            value = "|".join(extra["choices"]) if extra.get("choices") else extra.get("metavar") or "VALUE"
+            flag = " ".join([f"`{flags[0]} {value}`", *(f"(also `{other}`)" for other in flags[1:])])
+            rows.append([flag, _default_text(info, extra), f"`{env}`", info.description])
+    return "".join("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |\n" for row in rows)
