@@ -56,7 +56,7 @@ from swama.engine.kinds import DECISION, EMBEDDING, KINDS, LANGUAGE, SPEECH_TO_T
 from swama.engine.kinds.embeddings import Embeddings
 from swama.engine.kinds.speech import NO_SPEECH, Voices
 from swama.engine.kinds.speech import Segment as SpeechSegment
-from swama.engine.kinds.tasks import IMAGES_NEED_VISION, Task
+from swama.engine.kinds.tasks import IMAGES_NEED_VISION, Task, require
 from swama.engine.kinds.transcription import SAMPLE_RATE, Transcript
 from swama.engine.kinds.transcription import Segment as TranscriptSegment
 from swama.engine.serving.engine import EngineStatus
@@ -96,7 +96,7 @@ __all__ = [
     "ScoredAnswer", "SettingsError", "StoreSettings", "SpeechSegment", "Task", "TextDelta", "ToolCall", "ToolCallEvent",
     "Transcript", "TranscriptSegment", "Unavailable", "Voices", "WrongModel", "check_choice_option_names",
     "decision_choice_view", "decision_score_view", "default_of", "env_of", "flag_of", "model_files", "noul_view",
-    "open_engine", "option", "predicate_view", "prepare_process", "read", "render_text", "startup_note",
+    "open_engine", "option", "predicate_view", "prepare_process", "read", "render_text", "require", "startup_note",
     "systemone_choice_view", "systemone_score_view",
 ]
 

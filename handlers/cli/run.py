@@ -25,9 +25,11 @@ from swama.engine.client import (
     Sampling,
     Task,
     TextDelta,
+    WrongModel,
     model_files,
     open_engine,
     read,
+    require,
 )
 from swama.handlers.cli.options import add_options, given
 from swama.handlers.http.settings import ServerSettings
@@ -191,7 +193,11 @@ OTHER_USES = {
 def run_prompt(args: argparse.Namespace) -> int:
     images = _images(args)
     model = model_files().find_or_pull(args.model)  # the CLI installs on first use; the server never downloads
-    if model.kind in OTHER_USES:
+    try:
+        require(model, Task.GENERATE, args.model)  # the engine's check, before a server is asked
+    except WrongModel:
+        if model.kind not in OTHER_USES:
+            raise
         article = "an" if model.kind[0] in "aeiou" else "a"
         use = OTHER_USES[model.kind].format(name=args.model)
         print(f"error: {model.id} is {article} {model.kind} model and does not chat; {use}", file=sys.stderr)
