@@ -129,7 +129,7 @@ def check_questions(questions: Sequence[Question]) -> None:
         raise refuse(problem)
     for question in questions:
         if isinstance(question, DecisionChoiceQuestion):
-            check_choice_option_names(question_view(question).option_names)
+            check_choice_option_names(question_view(question).option_names, MAX_CHOICES)
 
 
 def input_of(value: str | list[DecisionInputMessage]) -> tuple[str, list[ImageRef]]:

@@ -80,7 +80,7 @@ def check_questions(questions: Questions) -> None:
     """The rule no schema can say: option names the prompt can tell apart."""
     for _, question in questions:
         if isinstance(question, SystemOneChoiceQuestion):
-            check_choice_option_names(list(question.criteria))
+            check_choice_option_names(list(question.criteria), MAX_CHOICES)
 
 
 def question_view(question: Question) -> QuestionView:

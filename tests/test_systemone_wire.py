@@ -37,8 +37,7 @@ BLANK = (
     "Non-empty instructions are required on this decision backend. Supported bounds: a choice needs at least "
     "two options; a score takes 2 to 10 levels."
 )
-OPTIONS_26 = "Choice questions require 2–26 distinct, valid options."
-OPTIONS_676 = "Choice questions require 2–676 distinct, valid options."
+OPTIONS = "Choice questions require 2–255 distinct, valid options."
 
 NOUL = {"type": "noul", "instructions": "Is it?"}
 BASE: dict[str, Any] = {"model": "m", "state": "s", "questions": {"q": NOUL}}
@@ -303,10 +302,10 @@ REFUSALS: list[tuple[str, bytes, str]] = [
         with_question(choice({"a": True, "b": None})),
         "choice description must be text, an object, an array, or null.",
     ),
-    ("choice-case-duplicate", with_question(choice({"Billing": None, "billing": None})), OPTIONS_26),
-    ("choice-empty-name", with_question(choice({"": None, "b": None})), OPTIONS_26),
-    ("choice-control-name", with_question(choice({"a\tb": None, "b": None})), OPTIONS_26),
-    ("choice-pair-duplicate", with_question(choice({**options(30), "OPTION 3": None})), OPTIONS_676),
+    ("choice-case-duplicate", with_question(choice({"Billing": None, "billing": None})), OPTIONS),
+    ("choice-empty-name", with_question(choice({"": None, "b": None})), OPTIONS),
+    ("choice-control-name", with_question(choice({"a\tb": None, "b": None})), OPTIONS),
+    ("choice-pair-duplicate", with_question(choice({**options(30), "OPTION 3": None})), OPTIONS),
     # score criteria
     (
         "score-criteria-missing",
@@ -517,6 +516,13 @@ def test_choice_counts_accepted(count: int) -> None:
 def test_score_counts_accepted(count: int) -> None:
     ((_, question),) = questions(with_question(score([f"l{i}" for i in range(count)])))
     assert len(question.criteria) == count
+
+
+def test_the_option_names_refusal_states_the_accepted_count() -> None:
+    # 255 options are accepted: the refusal says so, not the 26 letters or the 676 pair labels.
+    assert refusal(with_question(choice({"": None, "b": None}))) == OPTIONS
+    assert refusal(with_question(choice({**options(254), "": None}))) == OPTIONS
+    assert refusal(with_question(choice({**options(254), "Option 7": None}))) == OPTIONS
 
 
 def test_question_ids_keep_order_and_may_be_empty() -> None:
