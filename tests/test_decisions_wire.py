@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 import pytest
+from conftest import served_schema_accepts, stated_handler_rule
 
 from swama.engine.scorer import DecisionError, ScoredAnswer, answer_from_logprobs
 from swama.generated.decisions_models import DecisionCreateRequest, DecisionQuestion
@@ -613,6 +614,21 @@ def test_the_option_names_refusal_states_the_accepted_count() -> None:
     for bad in ("O3", " o7 ", "", "x\ty"):
         assert refusal(with_question(choice("o3", "o7", bad))) == OPTIONS
         assert refusal(with_question(choice(*values, bad))) == OPTIONS
+
+
+def test_duplicate_choice_values_are_a_stated_rule() -> None:
+    """Choice values are distinct. The served document says it where JSON Schema can (uniqueItems:
+    no two equal entries); the same value with another description passes the schema and is refused
+    by a rule the overlay lists as handler-only."""
+    duplicate = 'questions[0] has the duplicate choice value "a".'
+    equal = {**choice(), "choices": [option("a"), option("a")]}
+    described = {**choice(), "choices": [option("a"), option("a", "again")]}
+    assert not served_schema_accepts("DecisionChoiceQuestion", equal)
+    assert served_schema_accepts("DecisionChoiceQuestion", described)
+    assert refusal(with_question(equal)) == refusal(with_question(described)) == duplicate
+    assert stated_handler_rule("createDecision", duplicate)
+    assert served_schema_accepts("DecisionChoiceQuestion", {**choice(), "choices": [option("a"), option(True)]})
+    first_question(with_question(choice("a", True)))
 
 
 def test_unnamed_questions_may_repeat_and_names_are_kept() -> None:
