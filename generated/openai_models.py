@@ -4258,7 +4258,16 @@ class ResponsesRequestFunctionCallItem(BaseModel):
     type: ResponsesRequestFunctionCallItemType
     call_id: Annotated[StrictStr, Field(min_length=1)]
     name: Annotated[StrictStr, Field(min_length=1)]
-    arguments: StrictStr
+    arguments: Annotated[
+        StrictStr,
+        Field(
+            json_schema_extra={
+                "contentMediaType": "application/json",
+                "contentSchema": {"type": "object"},
+            },
+            pattern="^[\\t\\n\\r ]*\\{[\\s\\S]*\\}[\\t\\n\\r ]*$",
+        ),
+    ]
     id: Annotated[StrictStr | None, Field(min_length=1)] = None
     status: ResponsesRequestItemStatus | None = None
 

@@ -46,6 +46,10 @@ SCHEMA_REFUSALS = [
     (RESPONSES_OP, ROUTE_RULES, {**RESPONSE, "input": [{"type": "function_call", "call_id": "c",
                                                         "arguments": "{}"}]},
      ("invalid_value", "Malformed request: function_call item requires `call_id` and `name`", None)),
+    # arguments hold a JSON object: the schema states the braces, so "" is the schema's refusal
+    (RESPONSES_OP, ROUTE_RULES, {**RESPONSE, "input": [{"type": "function_call", "call_id": "c", "name": "f",
+                                                        "arguments": ""}]},
+     ("invalid_value", "Malformed request: function_call requires `arguments` as a JSON object string", None)),
 ]
 
 
