@@ -405,7 +405,7 @@ class ChatCompletionRequestAssistantMessage(BaseModel):
     role: Literal["assistant"]
     name: StrictStr | None = None
     audio: ChatCompletionRequestAssistantMessageAudio | None = None
-    tool_calls: ChatCompletionMessageToolCalls | None = None
+    tool_calls: ChatCompletionRequestMessageToolCalls | None = None
     function_call: ChatCompletionRequestAssistantMessageFunctionCall | None = None
 
 
@@ -546,6 +546,18 @@ class ChatCompletionRequestDeveloperMessageContent(
 
 class ChatCompletionRequestMessageContentPartTextType(StrEnum):
     text = "text"
+
+
+class ChatCompletionRequestMessageToolCallsChatCompletionRequestMessageToolCalls(
+    RootModel[ChatCompletionMessageToolCall]
+):
+    root: Annotated[ChatCompletionMessageToolCall, Field(discriminator="type")]
+
+
+class ChatCompletionRequestMessageToolCalls(
+    RootModel[list[ChatCompletionRequestMessageToolCallsChatCompletionRequestMessageToolCalls]]
+):
+    root: list[ChatCompletionRequestMessageToolCallsChatCompletionRequestMessageToolCalls]
 
 
 class ChatCompletionRequestSystemMessage(BaseModel):

@@ -62,6 +62,12 @@ def _worded(error: ErrorDetails, data: Any) -> ApiError | None:
         where = f"messages.{path[1]}.content.{path[3]}"
         return bad_request(f"Content part type '{part.get('type')}' is not supported by this server.",
                            code="unsupported_content", param=where)
+    if top == "messages" and len(path) == 4 and path[2] == "tool_calls" and kind == "union_tag_invalid":
+        call_type = data["messages"][path[1]]["tool_calls"][path[3]]["type"]
+        if isinstance(call_type, str):  # custom tool calls: custom tools are not served
+            return bad_request(f"Tool call type '{call_type}' is not supported by this server; only function "
+                               "tool calls are.", code="unsupported_value",
+                               param=f"messages.{path[1]}.tool_calls.{path[3]}")
     if top == "messages" and len(path) == 1:
         return bad_request("Invalid request payload or missing messages", param="messages")
     if top == "context_limit":
@@ -122,14 +128,12 @@ def _parts(content: Any, where: str) -> list[str | ImageRef]:
 def _tool_calls(message: Any, where: str) -> list[dict[str, Any]]:
     calls = []
     for k, entry in enumerate(_value(message.tool_calls) or []):
-        call = _value(entry)
-        fn = getattr(call, "function", None)
-        name = fn.name if fn is not None else ""
-        arguments = json_object(fn.arguments) if fn is not None else None
+        call = _value(entry)  # a function call: the schema takes no other kind
+        arguments = json_object(call.function.arguments)
         if arguments is None:
-            raise bad_request(f"Tool '{name}' requires JSON object arguments or parameters",
+            raise bad_request(f"Tool '{call.function.name}' requires JSON object arguments or parameters",
                               param=f"{where}.tool_calls.{k}")
-        calls.append(tool_call(call.id, name, arguments))
+        calls.append(tool_call(call.id, call.function.name, arguments))
     return calls
 
 
