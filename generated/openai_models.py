@@ -1742,7 +1742,10 @@ class EasyInputMessageType(StrEnum):
 
 class Embedding(BaseModel):
     index: JSONInt
-    embedding: list[StrictFloat]
+    embedding: Annotated[
+        StrictStr | list[StrictFloat],
+        Field(json_schema_extra={"contentEncoding": "base64"}),
+    ]
     object: EmbeddingObject
 
 
