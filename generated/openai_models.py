@@ -405,7 +405,7 @@ class ChatCompletionRequestAssistantMessage(BaseModel):
     role: Literal["assistant"]
     name: StrictStr | None = None
     audio: ChatCompletionRequestAssistantMessageAudio | None = None
-    tool_calls: ChatCompletionMessageToolCalls | None = None
+    tool_calls: ChatCompletionRequestMessageToolCalls | None = None
     function_call: ChatCompletionRequestAssistantMessageFunctionCall | None = None
 
 
@@ -546,6 +546,18 @@ class ChatCompletionRequestDeveloperMessageContent(
 
 class ChatCompletionRequestMessageContentPartTextType(StrEnum):
     text = "text"
+
+
+class ChatCompletionRequestMessageToolCallsChatCompletionRequestMessageToolCalls(
+    RootModel[ChatCompletionMessageToolCall]
+):
+    root: Annotated[ChatCompletionMessageToolCall, Field(discriminator="type")]
+
+
+class ChatCompletionRequestMessageToolCalls(
+    RootModel[list[ChatCompletionRequestMessageToolCallsChatCompletionRequestMessageToolCalls]]
+):
+    root: list[ChatCompletionRequestMessageToolCallsChatCompletionRequestMessageToolCalls]
 
 
 class ChatCompletionRequestSystemMessage(BaseModel):
@@ -1730,7 +1742,10 @@ class EasyInputMessageType(StrEnum):
 
 class Embedding(BaseModel):
     index: JSONInt
-    embedding: list[StrictFloat]
+    embedding: Annotated[
+        StrictStr | list[StrictFloat],
+        Field(json_schema_extra={"contentEncoding": "base64"}),
+    ]
     object: EmbeddingObject
 
 
@@ -4258,7 +4273,16 @@ class ResponsesRequestFunctionCallItem(BaseModel):
     type: ResponsesRequestFunctionCallItemType
     call_id: Annotated[StrictStr, Field(min_length=1)]
     name: Annotated[StrictStr, Field(min_length=1)]
-    arguments: StrictStr
+    arguments: Annotated[
+        StrictStr,
+        Field(
+            json_schema_extra={
+                "contentMediaType": "application/json",
+                "contentSchema": {"type": "object"},
+            },
+            pattern="^[\\t\\n\\r ]*\\{[\\s\\S]*\\}[\\t\\n\\r ]*$",
+        ),
+    ]
     id: Annotated[StrictStr | None, Field(min_length=1)] = None
     status: ResponsesRequestItemStatus | None = None
 

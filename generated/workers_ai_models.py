@@ -14,6 +14,7 @@ from pydantic import (
     RootModel,
     StrictFloat,
     StrictStr,
+    StringConstraints,
 )
 from typing_extensions import TypeAliasType
 
@@ -46,7 +47,7 @@ class WorkersAiClefChoiceQuestion(BaseModel):
     type: Literal["choice"]
     instructions: WorkersAiText | WorkersAiObject | WorkersAiArray
     criteria: Annotated[
-        dict[str, StrictStr | dict[str, Any] | list[Any] | None],
+        dict[Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029]*[^\x00-\x20\x7f-\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000][^\x00-\x1f\x7f-\x9f\u2028\u2029]*$", min_length=1, strict=True)], StrictStr | dict[str, Any] | list[Any] | None],
         Field(max_length=255, min_length=2),
     ]
 
@@ -79,7 +80,7 @@ class WorkersAiClefFlashChoiceQuestion(BaseModel):
     type: Literal["choice"]
     instructions: WorkersAiText | WorkersAiObject | WorkersAiArray
     criteria: Annotated[
-        dict[str, StrictStr | dict[str, Any] | list[Any] | None],
+        dict[Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029]*[^\x00-\x20\x7f-\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000][^\x00-\x1f\x7f-\x9f\u2028\u2029]*$", min_length=1, strict=True)], StrictStr | dict[str, Any] | list[Any] | None],
         Field(max_length=255, min_length=2),
     ]
 

@@ -1,11 +1,45 @@
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import jsonschema
 import pytest
+import yaml
 
 from live_server import LiveServer, start_server
+
+
+@functools.cache
+def _served_components() -> dict[str, Any]:
+    from swama.handlers.http.openapi import merged_spec
+
+    return merged_spec()["components"]
+
+
+def served_schema_accepts(component: str, instance: Any) -> bool:
+    """Whether `instance` is valid as `component` of the document /openapi.json serves: what a
+    client validating against it (or generating requests from it) takes as allowed."""
+    schema = {"$ref": f"#/components/schemas/{component}", "components": _served_components()}
+    return jsonschema.Draft202012Validator(schema).is_valid(instance)
+
+
+@functools.cache
+def handler_rules() -> dict[str, list[re.Pattern[str]]]:
+    """The refusals each overlay states as rules no schema can say (x-swama-handler-rules), by operation."""
+    rules: dict[str, list[re.Pattern[str]]] = {}
+    for path in sorted((Path(__file__).resolve().parents[1] / "specs" / "overlays").glob("*.yaml")):
+        for operation, patterns in (yaml.safe_load(path.read_text()).get("x-swama-handler-rules") or {}).items():
+            rules.setdefault(operation, []).extend(re.compile(p) for p in patterns)
+    return rules
+
+
+def stated_handler_rule(operation_id: str, message: str) -> bool:
+    """Whether `message` is the refusal of a rule the operation's overlay lists as handler-only."""
+    return any(p.search(message) for p in handler_rules().get(operation_id, []))
 
 
 @pytest.fixture(scope="session")

@@ -65,14 +65,12 @@ def _parts(content: Any, where: str) -> list[str | ImageRef]:
 def _tool_calls(message: Any, where: str) -> list[dict[str, Any]]:
     calls = []
     for k, entry in enumerate(_value(message.tool_calls) or []):
-        call = _value(entry)
-        fn = getattr(call, "function", None)
-        name = fn.name if fn is not None else ""
-        arguments = json_object(fn.arguments) if fn is not None else None
+        call = _value(entry)  # a function call: the schema takes no other kind
+        arguments = json_object(call.function.arguments)
         if arguments is None:
-            raise bad_request(f"Tool '{name}' requires JSON object arguments or parameters",
+            raise bad_request(f"Tool '{call.function.name}' requires JSON object arguments or parameters",
                               param=f"{where}.tool_calls.{k}")
-        calls.append(tool_call(call.id, name, arguments))
+        calls.append(tool_call(call.id, call.function.name, arguments))
     return calls
 
 

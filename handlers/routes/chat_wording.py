@@ -40,6 +40,12 @@ def _worded(error: ErrorDetails, data: Any) -> ApiError | None:
         where = f"messages.{path[1]}.content.{path[3]}"
         return bad_request(f"Content part type '{part.get('type')}' is not supported by this server.",
                            code="unsupported_content", param=where)
+    if top == "messages" and len(path) == 4 and path[2] == "tool_calls" and kind == "union_tag_invalid":
+        call_type = data["messages"][path[1]]["tool_calls"][path[3]]["type"]
+        if isinstance(call_type, str):  # custom tool calls: custom tools are not served
+            return bad_request(f"Tool call type '{call_type}' is not supported by this server; only function "
+                               "tool calls are.", code="unsupported_value",
+                               param=f"messages.{path[1]}.tool_calls.{path[3]}")
     if top == "messages" and len(path) == 1:
         return bad_request("Invalid request payload or missing messages", param="messages")
     if top == "context_limit":

@@ -28,7 +28,7 @@ from swama.generated.decisions_models import (
 from swama.handlers.http.pipeline import Call, route
 from swama.handlers.http.streaming import collect_or_cancel
 from swama.handlers.media.images import ImageRef, all_low_detail, load_data_images, open_images
-from swama.handlers.routes.decision_rules import refuse
+from swama.handlers.routes.decision_rules import MAX_CHOICES, refuse
 from swama.handlers.routes.decisions_render import LABEL_MASS_HEADER, label_masses, render_decision_response
 from swama.handlers.routes.decisions_wording import DECISION_RULES, Question, question_problem
 
@@ -69,7 +69,7 @@ def check_questions(questions: Sequence[Question]) -> None:
         raise refuse(problem)
     for question in questions:
         if isinstance(question, DecisionChoiceQuestion):
-            check_choice_option_names(question_view(question).option_names)
+            check_choice_option_names(question_view(question).option_names, MAX_CHOICES)
 
 
 def input_of(value: str | list[DecisionInputMessage]) -> tuple[str, list[ImageRef]]:

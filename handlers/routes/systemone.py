@@ -39,7 +39,7 @@ from swama.handlers.media.images import (
     load_data_image,
     open_images,
 )
-from swama.handlers.routes.decision_rules import plain
+from swama.handlers.routes.decision_rules import MAX_CHOICES, plain
 from swama.handlers.routes.systemone_render import render_systemone_response
 from swama.handlers.routes.systemone_wording import SYSTEMONE_RULES, Question, Questions
 
@@ -103,7 +103,7 @@ def check_questions(questions: Questions) -> None:
     """The rule no schema can say: option names the prompt can tell apart."""
     for _, question in questions:
         if isinstance(question, SystemOneChoiceQuestion):
-            check_choice_option_names(list(question.criteria))
+            check_choice_option_names(list(question.criteria), MAX_CHOICES)
 
 
 def question_view(question: Question) -> QuestionView:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pydantic
 
+from swama.engine.client import choice_options_message
 from swama.generated.systemone_models import (
     SystemOneChoiceQuestion,
     SystemOneNoulQuestion,
@@ -141,6 +142,23 @@ def _walk_key(fault: Fault, data: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(key)
 
 
+# What the schema says of a choice option name (a criteria key: propertyNames) fails with these; a
+# description, the only other thing at that depth, has no length or pattern to fail.
+_OPTION_NAME_ERRORS = frozenset({"string_too_short", "string_pattern_mismatch"})
+
+
+def _is_option_name(fault: Fault, data: dict[str, Any]) -> bool:
+    path = fault.path
+    return (fault.kind in _OPTION_NAME_ERRORS and len(path) == 4 and path[0] == "questions"
+            and path[2] == "criteria" and data["questions"][path[1]].get("type") == "choice")
+
+
+def _check_order(fault: Fault, data: dict[str, Any]) -> tuple[bool, tuple[Any, ...]]:
+    """The route's check order: an option name is judged with the others (distinct ignoring case)
+    once every schema rule holds, so its fault comes after every other."""
+    return _is_option_name(fault, data), _walk_key(fault, data)
+
+
 def _is_text_object_or_array(value: Any) -> bool:
     return isinstance(value, (str, dict, list))
 
@@ -209,6 +227,8 @@ def _message(fault: Fault, data: dict[str, Any]) -> str:
     if head == "questions":
         if not rest:
             return "questions must be a non-empty map."
+        if _is_option_name(fault, data):
+            return choice_options_message(MAX_CHOICES)
         return _question_message(str(rest[0]), data["questions"][rest[0]], rest[1:], fault)
     if head in REFUSED_FIELDS:
         return f"{head} is not part of this API; use /v1/decisions for it."
@@ -227,7 +247,7 @@ def schema_error(exc: pydantic.ValidationError, data: Any) -> ApiError:
     """The route's message for the first of the generated model's errors in the route's order."""
     found = [expanded for fault in faults(exc, data) for expanded in _expand(fault, data)]
     found = with_lengths(found, data, lambda path: _bounds(path, data))
-    return refuse(_message(min(found, key=lambda f: _walk_key(f, data)), data))
+    return refuse(_message(min(found, key=lambda f: _check_order(f, data)), data))
 
 
 SYSTEMONE_RULES = RouteRules(

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from conftest import TINY_ID, make_store
+from conftest import TINY_ID, make_store, served_schema_accepts
 from openai import BadRequestError, NotFoundError, OpenAI
 from precision import tol
 
@@ -168,6 +168,10 @@ def test_base64_is_little_endian_float32(server: LiveServer, minilm: LoadedModel
     assert [d["index"] for d in data] == [0, 1] and all(isinstance(d["embedding"], str) for d in data)
     vector = np.frombuffer(base64.b64decode(data[0]["embedding"]), dtype="<f4")
     np.testing.assert_allclose(vector, _alone(minilm, "hi"), atol=tol(1e-6, BATCHED))  # "hi" in a batch with "x"
+    # the served document describes the answer in both encodings (upstream's names only the float list)
+    floats = httpx.post(server.v1 + "/embeddings", json={"model": "minilm", "input": ["hi"]}, timeout=60)
+    for body in (r.json(), floats.json()):
+        assert served_schema_accepts("CreateEmbeddingResponse", body)
 
 
 def test_retrieval_ranks_the_matching_document_first(client: OpenAI) -> None:

@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 import pytest
+from conftest import served_schema_accepts, stated_handler_rule
 
 from swama.engine.decisions.scorer import DecisionError, ScoredAnswer, answer_from_logprobs
 from swama.generated.decisions_models import DecisionCreateRequest, DecisionQuestion
@@ -28,8 +29,7 @@ SGLANG_SHAPE = (
     "The SGLang prompt format 1 request shape was removed from /v1/decisions; send the OpenAI Decisions "
     "format (questions with type, name and instructions)."
 )
-OPTIONS_26 = "Choice questions require 2–26 distinct, valid options."
-OPTIONS_676 = "Choice questions require 2–676 distinct, valid options."
+OPTIONS = "Choice questions require 2–255 distinct, valid options."
 
 PREDICATE = {"type": "predicate", "instructions": "Q"}
 BASE: dict[str, Any] = {"model": "m", "input": "x", "questions": [PREDICATE]}
@@ -431,15 +431,15 @@ REFUSALS: list[tuple[str, bytes, str]] = [
         body(questions=[{**PREDICATE, "name": "a"}, {**PREDICATE, "name": "b"}, {**PREDICATE, "name": "a"}]),
         "Duplicate question name 'a'.",
     ),
-    ("case-duplicate", with_question(choice("Billing", "billing")), OPTIONS_26),
-    ("case-duplicate-boolean", with_question(choice("True", True)), OPTIONS_26),
-    ("padded-duplicate", with_question(choice("a", " a ")), OPTIONS_26),
-    ("control-character", with_question(choice("a\u0007", "b")), OPTIONS_26),
-    ("line-break", with_question(choice("a\nb", "c")), OPTIONS_26),
-    ("line-separator", with_question(choice("a", "b\u2028c")), OPTIONS_26),
-    ("empty-value", with_question(choice("", "b")), OPTIONS_26),
-    ("blank-value", with_question(choice("b", "  ")), OPTIONS_26),
-    ("pair-labels-duplicate", with_question(choice(*[f"o{i}" for i in range(26)], "O3")), OPTIONS_676),
+    ("case-duplicate", with_question(choice("Billing", "billing")), OPTIONS),
+    ("case-duplicate-boolean", with_question(choice("True", True)), OPTIONS),
+    ("padded-duplicate", with_question(choice("a", " a ")), OPTIONS),
+    ("control-character", with_question(choice("a\u0007", "b")), OPTIONS),
+    ("line-break", with_question(choice("a\nb", "c")), OPTIONS),
+    ("line-separator", with_question(choice("a", "b\u2028c")), OPTIONS),
+    ("empty-value", with_question(choice("", "b")), OPTIONS),
+    ("blank-value", with_question(choice("b", "  ")), OPTIONS),
+    ("pair-labels-duplicate", with_question(choice(*[f"o{i}" for i in range(26)], "O3")), OPTIONS),
 ]
 
 
@@ -605,6 +605,30 @@ def test_image_details_accepted(detail: str | None) -> None:
 def test_blank_and_empty_inputs_are_allowed() -> None:
     for value, text in (("", ""), ("  ", "  "), ([], ""), ([message([])], "")):
         assert input_of(parse_decision_request(with_input(value)).input)[0] == text
+
+
+def test_the_option_names_refusal_states_the_accepted_count() -> None:
+    # 255 choices are accepted, pair labels or not: the refusal says so, not the 26 letters or 676 pairs.
+    values = [f"o{i}" for i in range(254)]
+    assert len(first_question(with_question(choice(*values, "last"))).choices) == 255
+    for bad in ("O3", " o7 ", "", "x\ty"):
+        assert refusal(with_question(choice("o3", "o7", bad))) == OPTIONS
+        assert refusal(with_question(choice(*values, bad))) == OPTIONS
+
+
+def test_duplicate_choice_values_are_a_stated_rule() -> None:
+    """Choice values are distinct. The served document says it where JSON Schema can (uniqueItems:
+    no two equal entries); the same value with another description passes the schema and is refused
+    by a rule the overlay lists as handler-only."""
+    duplicate = 'questions[0] has the duplicate choice value "a".'
+    equal = {**choice(), "choices": [option("a"), option("a")]}
+    described = {**choice(), "choices": [option("a"), option("a", "again")]}
+    assert not served_schema_accepts("DecisionChoiceQuestion", equal)
+    assert served_schema_accepts("DecisionChoiceQuestion", described)
+    assert refusal(with_question(equal)) == refusal(with_question(described)) == duplicate
+    assert stated_handler_rule("createDecision", duplicate)
+    assert served_schema_accepts("DecisionChoiceQuestion", {**choice(), "choices": [option("a"), option(True)]})
+    first_question(with_question(choice("a", True)))
 
 
 def test_unnamed_questions_may_repeat_and_names_are_kept() -> None:

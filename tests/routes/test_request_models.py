@@ -9,6 +9,7 @@ from typing import Any
 
 import pydantic
 import pytest
+from conftest import served_schema_accepts
 
 from swama.generated.routes import OPERATIONS
 from swama.handlers.http.errors import ApiError
@@ -46,6 +47,15 @@ SCHEMA_REFUSALS = [
     (RESPONSES_OP, ROUTE_RULES, {**RESPONSE, "input": [{"type": "function_call", "call_id": "c",
                                                         "arguments": "{}"}]},
      ("invalid_value", "Malformed request: function_call item requires `call_id` and `name`", None)),
+    # arguments hold a JSON object: the schema states the braces, so "" is the schema's refusal
+    (RESPONSES_OP, ROUTE_RULES, {**RESPONSE, "input": [{"type": "function_call", "call_id": "c", "name": "f",
+                                                        "arguments": ""}]},
+     ("invalid_value", "Malformed request: function_call requires `arguments` as a JSON object string", None)),
+    # assistant turns replay function tool calls: custom tools are not served
+    (CHAT_OP, chat.RULES, {**CHAT, "messages": [{"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "custom", "custom": {"name": "g", "input": "free text"}}]}]},
+     ("unsupported_value", "Tool call type 'custom' is not supported by this server; only function tool calls are.",
+      "messages.0.tool_calls.0")),
 ]
 
 
@@ -110,6 +120,17 @@ def test_chat_rules_no_schema_says(changes: dict[str, Any], expected: tuple[str,
     with pytest.raises(ApiError) as info:
         chat_request(**changes)
     assert (info.value.code, info.value.message, info.value.param) == expected
+
+
+def test_the_served_document_states_the_tool_calls_assistant_turns_take() -> None:
+    custom = {"role": "assistant", "tool_calls": [{"id": "c", "type": "custom", "custom": {"name": "g", "input": "x"}}]}
+    function = {"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
+    assert not served_schema_accepts("CreateChatCompletionRequest", {**CHAT, "messages": [custom]})
+    assert served_schema_accepts("CreateChatCompletionRequest", {**CHAT, "messages": [function]})
+    assert chat_request(messages=[function]).messages[0]["tool_calls"][0]["function"] == {"name": "f", "arguments": {}}
+    # the response's message still describes every kind of tool call OpenAI's does
+    assert served_schema_accepts("ChatCompletionMessageToolCalls", custom["tool_calls"])
 
 
 def test_responses_use_the_same_conversion() -> None:

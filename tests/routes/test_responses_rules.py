@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import pytest
+from conftest import served_schema_accepts, stated_handler_rule
 
 from swama.generated.routes import OPERATIONS
 from swama.handlers.http.errors import ApiError, error_body
@@ -18,6 +19,7 @@ from swama.handlers.routes.responses import (
     ResponseRequest,
     response_request,
 )
+from swama.handlers.routes.turns import json_object
 
 OP = OPERATIONS["createResponse"]
 
@@ -414,6 +416,34 @@ def test_order_within_envelope_and_sampling() -> None:
 def test_input_items_are_checked_in_order() -> None:
     err = refusal(items(msg(role="critic"), {"type": "reasoning"}))
     assert err.message == "Malformed request: unsupported role `critic`"
+
+
+ARGUMENTS = ["", " ", "null", "[1]", "1", '"{}"', "{", '{"a":', "}{", '{"a": NaN}', "{}{}", "{} x",
+             "{}", ' {"x": 1}\n', '{"a": [1, {"b": null}]}']
+
+
+@pytest.mark.parametrize("arguments", ARGUMENTS)
+def test_the_served_document_states_function_call_arguments(arguments: str) -> None:
+    """`arguments` holds a JSON object. The served schema says so (its braces by a pattern, the rest
+    as contentSchema): what it refuses the route refuses, and what it allows is accepted unless a
+    rule the overlay lists as handler-only refuses it."""
+    item = fn_call(arguments=arguments)
+    stated = served_schema_accepts("ResponsesRequestFunctionCallItem", item)
+    if json_object(arguments) is not None:
+        assert stated
+        assert parse(items(item, fn_output())).chat.messages[0]["tool_calls"][0]["function"]["arguments"] == \
+            json.loads(arguments)
+        return
+    err = refusal(items(item))
+    assert (err.code, err.message) == BAD_ARGUMENTS
+    assert not stated or stated_handler_rule("createResponse", err.message)
+    if arguments.strip() in ("", "null", "[1]", "1", '"{}"', "{"):
+        assert not stated
+
+
+def test_empty_arguments_are_refused_in_the_input_walk() -> None:
+    # the schema refuses them, so they are reported where the route walks the input: before sampling
+    assert (refusal(items(fn_call(arguments=""), max_output_tokens="x")).message) == BAD_ARGUMENTS[1]
 
 
 def test_unknown_key_message_has_the_error_envelope() -> None:

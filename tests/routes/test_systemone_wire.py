@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 import pytest
+from conftest import served_schema_accepts
 
 from swama.engine.decisions.scorer import (
     DecisionError,
@@ -33,8 +34,7 @@ BLANK = (
     "Non-empty instructions are required on this decision backend. Supported bounds: a choice needs at least "
     "two options; a score takes 2 to 10 levels."
 )
-OPTIONS_26 = "Choice questions require 2–26 distinct, valid options."
-OPTIONS_676 = "Choice questions require 2–676 distinct, valid options."
+OPTIONS = "Choice questions require 2–255 distinct, valid options."
 
 NOUL = {"type": "noul", "instructions": "Is it?"}
 BASE: dict[str, Any] = {"model": "m", "state": "s", "questions": {"q": NOUL}}
@@ -299,10 +299,10 @@ REFUSALS: list[tuple[str, bytes, str]] = [
         with_question(choice({"a": True, "b": None})),
         "choice description must be text, an object, an array, or null.",
     ),
-    ("choice-case-duplicate", with_question(choice({"Billing": None, "billing": None})), OPTIONS_26),
-    ("choice-empty-name", with_question(choice({"": None, "b": None})), OPTIONS_26),
-    ("choice-control-name", with_question(choice({"a\tb": None, "b": None})), OPTIONS_26),
-    ("choice-pair-duplicate", with_question(choice({**options(30), "OPTION 3": None})), OPTIONS_676),
+    ("choice-case-duplicate", with_question(choice({"Billing": None, "billing": None})), OPTIONS),
+    ("choice-empty-name", with_question(choice({"": None, "b": None})), OPTIONS),
+    ("choice-control-name", with_question(choice({"a\tb": None, "b": None})), OPTIONS),
+    ("choice-pair-duplicate", with_question(choice({**options(30), "OPTION 3": None})), OPTIONS),
     # score criteria
     (
         "score-criteria-missing",
@@ -425,6 +425,11 @@ def test_exactly_13_mib_is_parsed() -> None:
         (body(questions={"a": {"type": "noul"}, "b": "x"}), BLANK),
         (body(questions={"a": "x", "b": {"type": "noul"}}), "question 'a' must be an object."),
         (body(questions={"a": choice({"A": None, "a": None}), "b": {"type": "noul"}}), BLANK),
+        # an option name the schema refuses is judged after every other schema rule, as the others
+        (body(questions={"a": choice({"": None, "b": None}), "b": {"type": "noul"}}), BLANK),
+        (with_question(choice({"": None})), "a choice needs at least two options on this backend."),
+        (with_question(choice({" ": None, "b": 5})), "choice description must be text, an object, an array, or null."),
+        (body(questions={"a": choice({"x\ny": None, "b": None}), "b": choice({"": None, "c": None})}), OPTIONS),
     ],
 )
 def test_check_order(raw: bytes, message: str) -> None:
@@ -513,6 +518,34 @@ def test_choice_counts_accepted(count: int) -> None:
 def test_score_counts_accepted(count: int) -> None:
     ((_, question),) = questions(with_question(score([f"l{i}" for i in range(count)])))
     assert len(question.criteria) == count
+
+
+# Names that are blank, or hold a control or line-break character (Unicode Cc, Zl, Zp), and names that
+# are not.
+OPTION_NAMES = ["", " ", "\t", "\u3000", "\xa0", "a\tb", "a\nb", "\x85", "b\u2028", "c\u2029", "\x7f", "\x1c",
+                "a", " a ", "a b", "😀", "\ufeff", "Ä", "\u200b", "-"]
+
+
+@pytest.mark.parametrize("name", OPTION_NAMES, ids=[ascii(n) for n in OPTION_NAMES])
+def test_the_served_document_states_which_option_names_are_taken(name: str) -> None:
+    """A choice option name the served schema allows (its propertyNames) is accepted; one it refuses
+    is refused, with the option-name message: the same on System One and on both Clef cards."""
+    question = choice({name: None, "other": None})
+    stated = {served_schema_accepts(component, question)
+              for component in ("SystemOneChoiceQuestion", "WorkersAiClefChoiceQuestion",
+                                "WorkersAiClefFlashChoiceQuestion")}
+    assert len(stated) == 1
+    if stated.pop():
+        assert list(questions(with_question(question))[0][1].criteria) == [name, "other"]
+    else:
+        assert refusal(with_question(question)) == OPTIONS
+
+
+def test_the_option_names_refusal_states_the_accepted_count() -> None:
+    # 255 options are accepted: the refusal says so, not the 26 letters or the 676 pair labels.
+    assert refusal(with_question(choice({"": None, "b": None}))) == OPTIONS
+    assert refusal(with_question(choice({**options(254), "": None}))) == OPTIONS
+    assert refusal(with_question(choice({**options(254), "Option 7": None}))) == OPTIONS
 
 
 def test_question_ids_keep_order_and_may_be_empty() -> None:

@@ -13,7 +13,6 @@ from .prompt import render_text
 QuestionKind = Literal["yes_no", "choice", "score"]
 
 MAX_LETTER_OPTIONS = 26
-MAX_PAIR_OPTIONS = 676
 _CONTROL_CATEGORIES = frozenset({"Cc", "Zl", "Zp"})
 
 
@@ -91,18 +90,18 @@ def systemone_score_view(instructions: Any, criteria: Sequence[Any]) -> Question
 # Option-name rule shared by both routes -----------------------------------------------------
 
 
-def choice_options_message(option_count: int) -> str:
-    bound = MAX_LETTER_OPTIONS if option_count <= MAX_LETTER_OPTIONS else MAX_PAIR_OPTIONS
-    return f"Choice questions require 2–{bound} distinct, valid options."
+def choice_options_message(max_options: int) -> str:
+    return f"Choice questions require 2–{max_options} distinct, valid options."
 
 
-def check_choice_option_names(names: Sequence[str]) -> None:
+def check_choice_option_names(names: Sequence[str], max_options: int) -> None:
     """Option names must be non-blank, free of control/line-break characters and distinct ignoring
-    case and surrounding whitespace, because the prompt could not tell them apart otherwise."""
+    case and surrounding whitespace, because the prompt could not tell them apart otherwise. The
+    refusal states the route's option count, `max_options`: what it accepts, not what labels allow."""
     seen: set[str] = set()
     for name in names:
         key = name.strip().casefold()
         invalid = not key or any(unicodedata.category(ch) in _CONTROL_CATEGORIES for ch in name)
         if invalid or key in seen:
-            raise DecisionError(400, choice_options_message(len(names)))
+            raise DecisionError(400, choice_options_message(max_options))
         seen.add(key)
