@@ -190,18 +190,18 @@ def _metadata(surface: str, member: str, group: int) -> list[Rule]:
     ]
 
 
-def _rules() -> list[Rule]:
-    bool_field = {name: malformed(f"`{name}` must be a JSON boolean")
-                  for name in ("store", "background", "parallel_tool_calls", "strict", "external_web_access",
-                               "stream")}
+def _boolean(name: str) -> ApiError:
+    return malformed(f"`{name}` must be a JSON boolean")
+
+
+def _envelope_rules() -> list[Rule]:
+    """The request's own fields, before its input."""
     text_format = malformed("`text.format` must be an object with a string `type`")
-    part_text = malformed("text content part requires a string `text`")
-    bad_arguments = malformed("function_call requires `arguments` as a JSON object string")
     return [
         Rule(0, "?", EXTRA, lambda f: unsupported(str(f.path[0]))),
-        Rule(1, "store", ALL, _typed(bool, bool_field["store"], _const(unsupported("store:true")))),
-        Rule(1, "background", ALL, _typed(bool, bool_field["background"], _const(unsupported("background:true")))),
-        Rule(2, "parallel_tool_calls", ALL, _const(bool_field["parallel_tool_calls"])),
+        Rule(1, "store", ALL, _typed(bool, _boolean("store"), _const(unsupported("store:true")))),
+        Rule(1, "background", ALL, _typed(bool, _boolean("background"), _const(unsupported("background:true")))),
+        Rule(2, "parallel_tool_calls", ALL, _const(_boolean("parallel_tool_calls"))),
         # the envelope the Codex CLI always sends
         Rule(3, "client_metadata", ALL, _const(malformed("`client_metadata` must be a JSON object"))),
         Rule(3, "prompt_cache_key", ALL, _const(malformed("`prompt_cache_key` must be a JSON string"))),
@@ -220,7 +220,14 @@ def _rules() -> list[Rule]:
         Rule(5, "truncation", ALL, _typed(str, malformed("`truncation` must be a JSON string"), _truncation)),
         Rule(6, "instructions", ALL, _const(malformed("`instructions` must be a JSON string"))),
         Rule(7, "tool_choice", ALL, _tool_choice),
-        # input, item by item
+    ]
+
+
+def _input_rules() -> list[Rule]:
+    """The input, item by item: messages and their parts, function calls and their outputs."""
+    part_text = malformed("text content part requires a string `text`")
+    bad_arguments = malformed("function_call requires `arguments` as a JSON object string")
+    return [
         Rule(8, "input", ALL, _const(empty_input())),
         Rule(8, "input.*", WRONG_TYPE, _const(malformed("input items must be objects"))),
         Rule(8, "input.*.type", ALL, _item_type),
@@ -258,6 +265,11 @@ def _rules() -> list[Rule]:
         Rule(8, "input.*.call_id", ALL, _const(malformed("function_call_output item requires `call_id`")), OUTPUT),
         Rule(8, "input.*.output", ALL, _const(malformed("function_call_output item requires a string `output`")),
              OUTPUT),
+    ]
+
+
+def _sampling_and_tool_rules() -> list[Rule]:
+    return [
         # sampling: types first, then the ranges
         Rule(9, "max_output_tokens", WRONG_TYPE, _const(malformed("`max_output_tokens` must be a JSON integer"))),
         Rule(9, "max_output_tokens", frozenset({"multiple_of", "less_than_equal"}), _integer_range),
@@ -275,7 +287,7 @@ def _rules() -> list[Rule]:
         Rule(10, "tools.*", ALL, _const(malformed("tools must be objects"))),
         Rule(10, "tools.*.?", EXTRA, _key("function tool"), "function"),
         Rule(10, "tools.*.name", ALL, _const(malformed("function tool requires a name")), "function"),
-        Rule(10, "tools.*.strict", ALL, _typed(bool, bool_field["strict"], _const(unsupported("tools[].strict:true"))),
+        Rule(10, "tools.*.strict", ALL, _typed(bool, _boolean("strict"), _const(unsupported("tools[].strict:true"))),
              "function"),
         Rule(10, "tools.*.description", frozenset({"string_type"}), _const(malformed("tool `description` must be a JSON string")),
              "function"),
@@ -284,9 +296,13 @@ def _rules() -> list[Rule]:
         Rule(10, "tools.*.external_web_access", frozenset({"missing"}), _const(unsupported_tool("web_search")),
              "web_search"),
         Rule(10, "tools.*.external_web_access", ALL,
-             _typed(bool, bool_field["external_web_access"], _const(unsupported_tool("web_search"))), "web_search"),
-        Rule(11, "stream", ALL, _const(bool_field["stream"])),
+             _typed(bool, _boolean("external_web_access"), _const(unsupported_tool("web_search"))), "web_search"),
+        Rule(11, "stream", ALL, _const(_boolean("stream"))),
     ]
+
+
+def _rules() -> list[Rule]:
+    return [*_envelope_rules(), *_input_rules(), *_sampling_and_tool_rules()]
 
 
 RULES = _rules()

@@ -391,150 +391,162 @@ def torch_worker(request_path: Path, result_path: Path) -> int:
     """The child's program: what `request_path` asks for, measured with transformers; the figures
     go to `result_path` after every part, so a crash keeps the parts already done."""
     request = json.loads(request_path.read_text(encoding="utf-8"))
-    result: dict[str, Any] = {}
-
-    def save() -> None:
-        result_path.write_text(json.dumps(result), encoding="utf-8")
-
-    try:
-        import torch
-        import transformers
-        from transformers import AutoModelForCausalLM, GenerationConfig
-    except Exception as exc:  # reported as the reason nothing was measured
-        result["error"] = f"torch and transformers are not importable here ({reason(exc)})"
-        save()
+    bench = _Transformers(request, result_path)
+    if not bench.start():
         return 0
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda" if cuda else "cpu")
-    result["device"] = torch.cuda.get_device_name() if cuda else f"CPU, {torch.get_num_threads()} threads"
-    result["versions"] = {"torch": torch.__version__, "transformers": transformers.__version__}
-    dtype = getattr(torch, request["dtype"])
-    runs = int(request["runs"])
-    save()
+    if "matmul" in request:
+        bench.part("matmul", bench.matmul)
+    if not any(k in request for k in ("prefill", "decode", "decisions")) or not bench.load():
+        return 0
+    for tokens, ids in request.get("prefill", {}).items():
+        bench.part(("prefill", tokens), functools.partial(bench.prefill, ids), f"prefill {tokens} tokens", "tok/s")
+    for batch in request.get("decode", {}).get("batches", []):
+        bench.part(("decode", str(batch)), functools.partial(bench.decode, batch), f"decode batch {batch}", "tok/s")
+    if "decisions" in request:
+        bench.part("decisions", bench.decisions, "decisions", "questions/s")
+    return 0
 
-    def timed(fn: Any) -> float:
-        if cuda:
-            torch.cuda.synchronize()
+
+class _Transformers:
+    """The transformers side of the benchmark, in the child process: one method per part."""
+
+    def __init__(self, request: dict[str, Any], result_path: Path) -> None:
+        self.request, self.result_path = request, result_path
+        self.result: dict[str, Any] = {}
+        self.runs = int(request["runs"])
+        self.pad = int(request.get("pad_id") or 0)
+
+    def save(self) -> None:
+        self.result_path.write_text(json.dumps(self.result), encoding="utf-8")
+
+    def start(self) -> bool:
+        """Import torch and transformers and say which device they run on; False (and why) when they cannot."""
+        try:
+            import torch
+            import transformers
+        except Exception as exc:  # reported as the reason nothing was measured
+            self.result["error"] = f"torch and transformers are not importable here ({reason(exc)})"
+            self.save()
+            return False
+        transformers.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+        self.torch, self.cuda = torch, torch.cuda.is_available()
+        self.device = torch.device("cuda" if self.cuda else "cpu")
+        self.dtype = getattr(torch, self.request["dtype"])
+        self.result["device"] = torch.cuda.get_device_name() if self.cuda else f"CPU, {torch.get_num_threads()} threads"
+        self.result["versions"] = {"torch": torch.__version__, "transformers": transformers.__version__}
+        self.save()
+        return True
+
+    def load(self) -> bool:
+        from transformers import AutoModelForCausalLM
+
+        try:
+            model = AutoModelForCausalLM.from_pretrained(self.request["folder"], dtype=self.dtype,
+                                                         attn_implementation="sdpa")
+            self.model = model.to(self.device).eval()
+        except Exception as exc:  # every part is then not measured, for this reason
+            traceback.print_exc()
+            self.result["error"] = f"loading the model failed ({reason(exc)})"
+            self.save()
+            return False
+        return True
+
+    def part(self, where: str | tuple[str, str], measure: Any, label: str | None = None, unit: str = "") -> None:
+        """Run one measurement into `result[where]`; a failure is that part's error, and the rest goes on."""
+        try:
+            entry = measure()
+        except Exception as exc:
+            traceback.print_exc()
+            entry = {"error": reason(exc)}
+        finally:
+            if self.cuda:
+                self.torch.cuda.empty_cache()
+        if isinstance(where, tuple):
+            self.result.setdefault(where[0], {})[where[1]] = entry
+        else:
+            self.result[where] = entry
+        if label is not None:
+            print(f"  transformers {label}: {_rate_line(entry, unit)}", flush=True)
+        self.save()
+
+    def timed(self, fn: Any) -> float:
+        if self.cuda:
+            self.torch.cuda.synchronize()
         start = time.perf_counter()
         fn()
-        if cuda:
-            torch.cuda.synchronize()
+        if self.cuda:
+            self.torch.cuda.synchronize()
         return time.perf_counter() - start
 
-    def entry(fn: Any) -> dict[str, Any]:
-        try:
-            return fn()
-        except Exception as exc:  # this measurement is not measured; the others go on
-            traceback.print_exc()
-            return {"error": reason(exc)}
-        finally:
-            if cuda:
-                torch.cuda.empty_cache()
+    def matmul(self) -> dict[str, Any]:
+        torch, size = self.torch, int(self.request["matmul"])
+        a = torch.randn(size, size, device=self.device).to(self.dtype)
+        b = torch.randn(size, size, device=self.device).to(self.dtype)
+        for _ in range(3):
+            a @ b
+        seconds = self.timed(lambda: [a @ b for _ in range(10)]) / 10
+        return {"seconds": [seconds], "work": 2.0 * size**3}
 
-    if "matmul" in request:
-        def matmul() -> dict[str, Any]:
-            size = int(request["matmul"])
-            a = torch.randn(size, size, device=device).to(dtype)
-            b = torch.randn(size, size, device=device).to(dtype)
-            for _ in range(3):
-                a @ b
-            seconds = timed(lambda: [a @ b for _ in range(10)]) / 10
-            return {"seconds": [seconds], "work": 2.0 * size**3}
+    def prefill(self, ids: list[int]) -> dict[str, Any]:
+        x = self.torch.tensor([ids], device=self.device)
 
-        result["matmul"] = entry(matmul)
-        save()
-    if not any(k in request for k in ("prefill", "decode", "decisions")):
-        return 0
-    try:
-        model = AutoModelForCausalLM.from_pretrained(request["folder"], dtype=dtype, attn_implementation="sdpa")
-        model = model.to(device).eval()
-    except Exception as exc:  # every part is then not measured, for this reason
-        traceback.print_exc()
-        result["error"] = f"loading the model failed ({reason(exc)})"
-        save()
-        return 0
-    pad = int(request.get("pad_id") or 0)
+        def forward() -> None:
+            with self.torch.no_grad():  # the output head at the last position only, as swama does
+                self.model(input_ids=x, use_cache=True, logits_to_keep=1)
 
-    if "prefill" in request:
-        result["prefill"] = {}
-        for tokens, ids in request["prefill"].items():
-            def prefill(ids: list[int] = ids) -> dict[str, Any]:
-                x = torch.tensor([ids], device=device)
+        self.timed(forward)
+        return {"seconds": [self.timed(forward) for _ in range(self.runs)], "work": len(ids)}
 
-                def forward() -> None:
-                    with torch.no_grad():  # the output head at the last position only, as swama does
-                        model(input_ids=x, use_cache=True, logits_to_keep=1)
+    def decode(self, batch: int) -> dict[str, Any]:
+        from transformers import GenerationConfig
 
-                timed(forward)
-                return {"seconds": [timed(forward) for _ in range(runs)], "work": len(ids)}
+        torch, spec, pad = self.torch, self.request["decode"], self.pad
+        rows = spec["prompts"][:batch]
+        width = max(len(r) for r in rows)
+        # Left padding, masked: every row's next token follows its own last prompt token.
+        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=self.device)
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=self.device)
 
-            result["prefill"][tokens] = entry(prefill)
-            print(f"  transformers prefill {tokens} tokens: {_rate_line(result['prefill'][tokens], 'tok/s')}",
-                  flush=True)
-            save()
+        def generate(n: int) -> Any:
+            config = GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=pad,
+                                      eos_token_id=spec["eos_ids"] or None)
+            with torch.no_grad():
+                return self.model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
 
-    if "decode" in request:
-        spec = request["decode"]
-        result["decode"] = {}
-        for batch in spec["batches"]:
-            def decode(batch: int = batch) -> dict[str, Any]:
-                rows = spec["prompts"][:batch]
-                width = max(len(r) for r in rows)
-                # Left padding, masked: every row's next token follows its own last prompt token.
-                ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=device)
-                mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
+        generate(WARMUP_TOKENS)
+        seconds, outputs = [], []
+        for _ in range(self.runs):
+            seconds.append(self.timed(lambda: outputs.append(generate(spec["max_tokens"]))))
+        generated = outputs[-1].shape[1] - width
+        return {"seconds": seconds, "work": float(batch * generated), "note": str(generated)}
 
-                def generate(n: int) -> Any:
-                    config = GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                                              pad_token_id=pad, eos_token_id=spec["eos_ids"] or None)
-                    with torch.no_grad():
-                        return model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+    def decisions(self) -> dict[str, Any]:
+        torch, pad, device = self.torch, self.pad, self.device
+        prompts, labels = self.request["decisions"]["prompts"], self.request["decisions"]["labels"]
+        n, vocab = len(prompts), self.model.config.vocab_size
+        lengths = [len(p) for p in prompts]
+        width = max(lengths)
+        flat = [i * vocab + label for i, row in enumerate(labels) for label in row]
+        picked: list[float] = []
 
-                generate(WARMUP_TOKENS)
-                seconds, outputs = [], []
-                for _ in range(runs):
-                    seconds.append(timed(lambda: outputs.append(generate(spec["max_tokens"]))))
-                generated = outputs[-1].shape[1] - width
-                return {"seconds": seconds, "work": float(batch * generated), "note": str(generated)}
+        def score() -> None:
+            # Right padding, masked: each row's logits are read at its own last real token.
+            ids = torch.tensor([p + [pad] * (width - len(p)) for p in prompts], device=device)
+            mask = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in prompts], device=device)
+            with torch.no_grad():
+                hidden = self.model.model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+                last = hidden[torch.arange(n, device=device), torch.tensor(lengths, device=device) - 1]
+                logprobs = torch.log_softmax(self.model.lm_head(last).float(), dim=-1)
+                picked[:] = logprobs.reshape(-1)[torch.tensor(flat, device=device)].tolist()
 
-            result["decode"][str(batch)] = entry(decode)
-            print(f"  transformers decode batch {batch}: {_rate_line(result['decode'][str(batch)], 'tok/s')}",
-                  flush=True)
-            save()
-
-    if "decisions" in request:
-        def decisions() -> dict[str, Any]:
-            prompts, labels = request["decisions"]["prompts"], request["decisions"]["labels"]
-            n, vocab = len(prompts), model.config.vocab_size
-            lengths = [len(p) for p in prompts]
-            width = max(lengths)
-            flat = [i * vocab + label for i, row in enumerate(labels) for label in row]
-            picked: list[float] = []
-
-            def score() -> None:
-                # Right padding, masked: each row's logits are read at its own last real token.
-                ids = torch.tensor([p + [pad] * (width - len(p)) for p in prompts], device=device)
-                mask = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in prompts], device=device)
-                with torch.no_grad():
-                    hidden = model.model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
-                    last = hidden[torch.arange(n, device=device), torch.tensor(lengths, device=device) - 1]
-                    logprobs = torch.log_softmax(model.lm_head(last).float(), dim=-1)
-                    picked[:] = logprobs.reshape(-1)[torch.tensor(flat, device=device)].tolist()
-
-            timed(score)
-            seconds = [timed(score) for _ in range(runs)]
-            out, i = [], 0
-            for row in labels:
-                out.append(picked[i:i + len(row)])
-                i += len(row)
-            return {"seconds": seconds, "work": float(n), "logprobs": out}
-
-        result["decisions"] = entry(decisions)
-        print(f"  transformers decisions: {_rate_line(result['decisions'], 'questions/s')}", flush=True)
-        save()
-    return 0
+        self.timed(score)
+        seconds = [self.timed(score) for _ in range(self.runs)]
+        out, i = [], 0
+        for row in labels:
+            out.append(picked[i:i + len(row)])
+            i += len(row)
+        return {"seconds": seconds, "work": float(n), "logprobs": out}
 
 
 def _rate_line(entry: dict[str, Any], unit: str) -> str:
@@ -608,7 +620,6 @@ def collect(args: argparse.Namespace, command: str) -> Results:
 
 def measure_shape(results: Results, args: argparse.Namespace, shape: str, *, decisions: bool,
                   torch_matmul: bool) -> None:
-    from swama.engine.text.generator import ChatRequest, prepare
     from swama.engine.text.language import load_language_model
 
     info = results.info[shape] = Shape(shape)
@@ -622,82 +633,103 @@ def measure_shape(results: Results, args: argparse.Namespace, shape: str, *, dec
         describe(info, model)
     except Exception as exc:
         traceback.print_exc()
-        info.error = f"building or loading the model failed ({reason(exc)})"
-        print(f"  not measured: {info.error}", flush=True)
-        failed = {"swama": Timing(error=info.error)}
-        if "prefill" in parts:
-            results.prefill.update({(shape, tokens): dict(failed) for tokens in args.prefill_tokens})
-        if "decode" in parts:
-            results.decode.update({(shape, batch): dict(failed) for batch in args.batches})
-        if "decisions" in parts:
-            results.decisions[shape] = Decisions(error=info.error)
+        _not_measured(results, args, shape, parts, f"building or loading the model failed ({reason(exc)})")
         return
     print(f"  {count(info.params)} parameters ({count(info.non_embedding)} without the embeddings), {info.folder}",
           flush=True)
-    net = model.model
     request: dict[str, Any] = {"folder": str(info.folder), "dtype": results.dtype, "runs": args.runs,
                                "pad_id": model.tokenizer.pad_token_id or 0}
     if torch_matmul and "matmul" in args.parts:
         request["matmul"] = results.matmul_size
-
     if "prefill" in parts:
-        request["prefill"] = {}
-        for tokens in args.prefill_tokens:
-            cell = results.prefill.setdefault((shape, tokens), {})
-            try:
-                ids = prompt_ids(model.tokenizer, tokens)
-                request["prefill"][str(tokens)] = ids
-                for step in args.prefill_steps:
-                    label = prefill_label(step, tokens)
-                    if label in cell:
-                        continue  # a step at least the prompt's length is the same one chunk
-                    try:
-                        seconds = timed_runs(functools.partial(swama_prefill, net, ids, step), args.runs)
-                        cell[label] = Timing(seconds, len(ids))
-                    except Exception as exc:
-                        traceback.print_exc()
-                        cell[label] = Timing(error=reason(exc))
-                    print(f"  swama prefill {tokens} tokens, {label}: {_timing_line(cell[label], 'tok/s')}",
-                          flush=True)
-            except Exception as exc:
-                cell["swama"] = Timing(error=reason(exc))
-            free_mlx()
-
+        _swama_prefill_cells(results, args, shape, model, request)
     if "decode" in parts:
-        messages = decode_messages(max(args.batches))
-        request["decode"] = {"batches": args.batches, "max_tokens": args.max_tokens,
-                             "eos_ids": sorted(model.eos_ids),
-                             "prompts": [prepare(model, ChatRequest(m)).ids for m in messages]}
-        for batch in args.batches:
-            cell = results.decode.setdefault((shape, batch), {})
-            try:
-                cell["swama"] = swama_decode(model, batch, args.max_tokens, args.runs)
-            except Exception as exc:
-                traceback.print_exc()
-                cell["swama"] = Timing(error=reason(exc))
-            print(f"  swama decode batch {batch}: {_timing_line(cell['swama'], 'tok/s')}", flush=True)
-            free_mlx()
-
+        _swama_decode_cells(results, args, shape, model, request)
     prepared = answers = None
     if "decisions" in parts:
-        try:
-            results.decisions[shape], prepared, answers = swama_decisions(model, args.questions, args.runs)
-            d = results.decisions[shape]
-            print(f"  swama decisions: {_timing_line(d.swama, 'questions/s')} (start {d.start.median * 1e3:.1f} ms, "
-                  f"scoring {d.scoring.median * 1e3:.1f} ms); one pass per question "
-                  f"{_timing_line(d.single, 'questions/s')}", flush=True)
-            request["decisions"] = {"prompts": [q.ids for q in prepared], "labels": [q.label_ids for q in prepared]}
-        except Exception as exc:
-            traceback.print_exc()
-            results.decisions[shape] = Decisions(error=reason(exc))
-            print(f"  swama decisions: not measured: {reason(exc)}", flush=True)
-
-    del model, net
+        prepared, answers = _swama_decision_cells(results, args, shape, model, request)
+    del model
     free_mlx()
     if results.transformers:
         print(f"  transformers on {info.name} (its own process) ...", flush=True)
         merge_transformers(results, shape, run_torch_worker(args.torch_python, request), prepared, answers)
     print_shape(results, shape)
+
+
+def _not_measured(results: Results, args: argparse.Namespace, shape: str, parts: list[str], error: str) -> None:
+    """Every part of a shape whose model could not be built or loaded, with the reason."""
+    results.info[shape].error = error
+    print(f"  not measured: {error}", flush=True)
+    failed = {"swama": Timing(error=error)}
+    if "prefill" in parts:
+        results.prefill.update({(shape, tokens): dict(failed) for tokens in args.prefill_tokens})
+    if "decode" in parts:
+        results.decode.update({(shape, batch): dict(failed) for batch in args.batches})
+    if "decisions" in parts:
+        results.decisions[shape] = Decisions(error=error)
+
+
+def _swama_prefill_cells(results: Results, args: argparse.Namespace, shape: str, model: Any,
+                         request: dict[str, Any]) -> None:
+    """swama's prefill at every prompt length and chunk size; the prompts go to transformers too."""
+    request["prefill"] = {}
+    for tokens in args.prefill_tokens:
+        cell = results.prefill.setdefault((shape, tokens), {})
+        try:
+            ids = prompt_ids(model.tokenizer, tokens)
+            request["prefill"][str(tokens)] = ids
+            for step in args.prefill_steps:
+                label = prefill_label(step, tokens)
+                if label in cell:
+                    continue  # a step at least the prompt's length is the same one chunk
+                try:
+                    seconds = timed_runs(functools.partial(swama_prefill, model.model, ids, step), args.runs)
+                    cell[label] = Timing(seconds, len(ids))
+                except Exception as exc:
+                    traceback.print_exc()
+                    cell[label] = Timing(error=reason(exc))
+                print(f"  swama prefill {tokens} tokens, {label}: {_timing_line(cell[label], 'tok/s')}",
+                      flush=True)
+        except Exception as exc:
+            cell["swama"] = Timing(error=reason(exc))
+        free_mlx()
+
+
+def _swama_decode_cells(results: Results, args: argparse.Namespace, shape: str, model: Any,
+                        request: dict[str, Any]) -> None:
+    """swama's batched decode at every batch size; the same prompts go to transformers."""
+    from swama.engine.text.generator import ChatRequest, prepare
+
+    messages = decode_messages(max(args.batches))
+    request["decode"] = {"batches": args.batches, "max_tokens": args.max_tokens, "eos_ids": sorted(model.eos_ids),
+                         "prompts": [prepare(model, ChatRequest(m)).ids for m in messages]}
+    for batch in args.batches:
+        cell = results.decode.setdefault((shape, batch), {})
+        try:
+            cell["swama"] = swama_decode(model, batch, args.max_tokens, args.runs)
+        except Exception as exc:
+            traceback.print_exc()
+            cell["swama"] = Timing(error=reason(exc))
+        print(f"  swama decode batch {batch}: {_timing_line(cell['swama'], 'tok/s')}", flush=True)
+        free_mlx()
+
+
+def _swama_decision_cells(results: Results, args: argparse.Namespace, shape: str, model: Any,
+                          request: dict[str, Any]) -> tuple[Any, Any]:
+    """swama's decision questions, batched and one pass each; the prompts and labels go to transformers."""
+    try:
+        results.decisions[shape], prepared, answers = swama_decisions(model, args.questions, args.runs)
+    except Exception as exc:
+        traceback.print_exc()
+        results.decisions[shape] = Decisions(error=reason(exc))
+        print(f"  swama decisions: not measured: {reason(exc)}", flush=True)
+        return None, None
+    d = results.decisions[shape]
+    print(f"  swama decisions: {_timing_line(d.swama, 'questions/s')} (start {d.start.median * 1e3:.1f} ms, "
+          f"scoring {d.scoring.median * 1e3:.1f} ms); one pass per question "
+          f"{_timing_line(d.single, 'questions/s')}", flush=True)
+    request["decisions"] = {"prompts": [q.ids for q in prepared], "labels": [q.label_ids for q in prepared]}
+    return prepared, answers
 
 
 def merge_transformers(results: Results, shape: str, out: dict[str, Any], prepared: Any, answers: Any) -> None:
@@ -956,7 +988,7 @@ def report(results: Results) -> str:
         blocks += [decisions_text(results, shape),
                    "swama's request time is a whole `DecisionRun`: `start()` (render and tokenize the prompts, "
                    "check them, prefill the shared prefix) plus `score_batch()` (every suffix in one batched "
-                   "pass from the prefix); the preparation column is `engine.decide.prepare` (the part of "
+                   "pass from the prefix); the preparation column is `prepare` in engine/decisions/decide.py (the part of "
                    "`start()` before the prefix prefill) timed on its own in the same runs. transformers gets the very token ids swama scores (`run.prepared[i].ids`), "
                    "right-padded into one batch with an attention mask, and is timed from those ids to the label "
                    "log-probabilities: one forward of the base model, the output head at each row's last real "
