@@ -8,7 +8,6 @@ from typing import Any
 
 import jsonschema
 import pytest
-import yaml
 
 from live_server import LiveServer, start_server
 
@@ -29,12 +28,12 @@ def served_schema_accepts(component: str, instance: Any) -> bool:
 
 @functools.cache
 def handler_rules() -> dict[str, list[re.Pattern[str]]]:
-    """The refusals each overlay states as rules no schema can say (x-swama-handler-rules), by operation."""
-    rules: dict[str, list[re.Pattern[str]]] = {}
-    for path in sorted((Path(__file__).resolve().parents[1] / "specs" / "overlays").glob("*.yaml")):
-        for operation, patterns in (yaml.safe_load(path.read_text()).get("x-swama-handler-rules") or {}).items():
-            rules.setdefault(operation, []).extend(re.compile(p) for p in patterns)
-    return rules
+    """The refusals the served document states as rules no schema can say (each operation's
+    x-swama-handler-rules, copied there from its overlay), by operation id."""
+    from swama.handlers.http.openapi import merged_spec
+
+    return {op["operationId"]: [re.compile(p) for p in op.get("x-swama-handler-rules", [])]
+            for item in merged_spec()["paths"].values() for op in item.values()}
 
 
 def stated_handler_rule(operation_id: str, message: str) -> bool:

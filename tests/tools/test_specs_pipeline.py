@@ -211,3 +211,15 @@ def test_diff_command_prints_schema_changes(tmp_path: Path, capsys: pytest.Captu
     out = capsys.readouterr().out
     assert "~ schema DecisionCreateRequest" in out and "+ safety_identifier: string | null" in out
     assert "== openai.yaml: no schema changes" in out
+
+
+def test_the_served_document_states_every_handler_rule_of_the_overlays() -> None:
+    """A rule no schema can say is still stated: its refusal's pattern sits on its operation in
+    /openapi.json (x-swama-handler-rules), copied from the overlay at extraction."""
+    from swama.handlers.http.openapi import merged_spec
+
+    served = {op["operationId"]: op.get("x-swama-handler-rules", [])
+              for item in merged_spec()["paths"].values() for op in item.values()}
+    for overlay in sorted((SPECS / "overlays").glob("*.yaml")):
+        for operation_id, patterns in (yaml.safe_load(overlay.read_text()).get("x-swama-handler-rules") or {}).items():
+            assert served[operation_id] == patterns, (overlay.name, operation_id)

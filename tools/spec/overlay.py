@@ -14,7 +14,9 @@ the action list of the OpenAPI Overlay Specification 1.0:
 Targets are the plain-path subset of JSONPath (`$.a.b`, `$.a['b/c']`, `$.a.allOf[2]`), each naming
 exactly one object member. Overlays are applied at extraction, after prose is stripped and components are renamed, so the
 pinned documents (and the models generated from them) already say what the server accepts. What no
-schema can express stays in the handlers and is listed in the overlay's comments.
+schema can express stays in the handlers, is described in the overlay's comments, and is listed under
+`x-swama-handler-rules` (operation id -> the refusals' messages, as regular expressions); those lists
+are copied onto their operations, so the served document states every rule a handler applies.
 """
 
 from __future__ import annotations
@@ -107,6 +109,23 @@ def apply_overlay(doc: dict[str, Any], overlay: dict[str, Any]) -> list[str]:
                 parent[parts[-1]] = copy.deepcopy(update)
         else:
             raise OverlayError(f"overlay action {index} ({target}) needs `update` or `remove: true`")
+    notes += _state_handler_rules(doc, overlay.get(HANDLER_RULES) or {})
+    return notes
+
+
+HANDLER_RULES = "x-swama-handler-rules"
+
+
+def _state_handler_rules(doc: dict[str, Any], rules: dict[str, list[str]]) -> list[str]:
+    """Put each operation's handler-only rules on the operation itself."""
+    operations = {op.get("operationId"): op for item in doc.get("paths", {}).values() for op in item.values()
+                  if isinstance(op, dict)}
+    notes = []
+    for operation_id, patterns in rules.items():
+        if operation_id not in operations:
+            notes.append(f"{HANDLER_RULES}: no operation {operation_id}")
+            continue
+        operations[operation_id][HANDLER_RULES] = list(patterns)
     return notes
 
 
