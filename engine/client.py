@@ -88,17 +88,22 @@ from swama.engine.text.generator import (
 from swama.engine.text.tool_calls import ToolCall
 
 __all__ = [
+    # constants
     "CLIENT_CLOSED", "DECISION", "DEFAULT_MODEL", "DEFAULT_TEMPERATURE", "DEFAULT_TOP_P", "DEVICE_CHOICES",
-    "DTYPE_CHOICES", "EMBEDDING", "IMAGES_NEED_VISION", "KINDS", "LANGUAGE", "OUT_OF_RANGE", "SAMPLE_RATE",
-    "SPEECH_TO_TEXT", "TEXT_TO_SPEECH", "VISION", "AliasEntry", "BadInput", "Busy", "Cancelled", "ChatRequest",
-    "CheckpointResult", "ContextTooLong", "DecisionError", "DecisionJob", "DecisionResult", "Embeddings",
-    "EngineClient", "EngineError", "EngineSettings", "EngineStatus", "Event", "Finished", "InstalledModel",
-    "LoadFailed", "ModelFileError", "ModelFiles", "NO_SPEECH", "NotFound", "QuestionKind", "QuestionView", "RuntimeSettings", "Sampling",
-    "ScoredAnswer", "SettingsError", "StoreSettings", "SpeechSegment", "Task", "TextDelta", "ToolCall", "ToolCallEvent",
-    "Transcript", "TranscriptSegment", "Unavailable", "Voices", "WrongModel", "check_choice_option_names", "choice_options_message",
-    "decision_choice_view", "decision_score_view", "default_of", "env_of", "flag_of", "model_files", "noul_view",
-    "open_engine", "option", "predicate_view", "prepare_process", "read", "render_text", "require", "startup_note",
-    "systemone_choice_view", "systemone_score_view",
+    "DTYPE_CHOICES", "EMBEDDING", "IMAGES_NEED_VISION", "KINDS", "LANGUAGE", "NO_SPEECH", "OUT_OF_RANGE",
+    "SAMPLE_RATE", "SPEECH_TO_TEXT", "TEXT_TO_SPEECH", "VISION",
+    # types and errors
+    "AliasEntry", "BadInput", "Busy", "Cancelled", "ChatRequest", "CheckpointResult", "ContextTooLong",
+    "DecisionError", "DecisionJob", "DecisionResult", "Embeddings", "EngineClient", "EngineError",
+    "EngineSettings", "EngineStatus", "Event", "Finished", "InstalledModel", "LoadFailed", "ModelFileError",
+    "ModelFiles", "NotFound", "QuestionKind", "QuestionView", "RuntimeSettings", "Sampling", "ScoredAnswer",
+    "SettingsError", "SpeechSegment", "StoreSettings", "Task", "TextDelta", "ToolCall", "ToolCallEvent",
+    "Transcript", "TranscriptSegment", "Unavailable", "Voices", "WrongModel",
+    # functions
+    "check_choice_option_names", "choice_options_message", "decision_choice_view", "decision_score_view",
+    "default_of", "env_of", "flag_of", "model_files", "noul_view", "open_engine", "option", "predicate_view",
+    "prepare_process", "read", "render_text", "require", "startup_note", "systemone_choice_view",
+    "systemone_score_view",
 ]
 
 
