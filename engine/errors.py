@@ -36,7 +36,7 @@ message. Each carries:
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 RETRY_AFTER_SECONDS = 1
 MODEL_NOT_FOUND = "The model is not available locally."
@@ -82,8 +82,8 @@ class NotFound(EngineError):
     status = 404
     code = "model_not_found"
 
-    def __init__(self, message: str = MODEL_NOT_FOUND, **kwargs: object) -> None:
-        super().__init__(message, **{"param": "model", **kwargs})  # type: ignore[arg-type]
+    def __init__(self, message: str = MODEL_NOT_FOUND, *, param: str | None = "model", **kwargs: Any) -> None:
+        super().__init__(message, param=param, **kwargs)
 
 
 def _retry_after() -> dict[str, str]:
@@ -94,16 +94,16 @@ class Busy(EngineError):
     status = 429
     code = "rate_limit_exceeded"
 
-    def __init__(self, message: str, **kwargs: object) -> None:
-        super().__init__(message, **{"headers": _retry_after(), **kwargs})  # type: ignore[arg-type]
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        super().__init__(message, headers=_retry_after(), **kwargs)
 
 
 class Unavailable(EngineError):
     status = 503
     code = "unavailable"
 
-    def __init__(self, message: str, **kwargs: object) -> None:
-        super().__init__(message, **{"headers": _retry_after(), **kwargs})  # type: ignore[arg-type]
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        super().__init__(message, headers=_retry_after(), **kwargs)
 
 
 class Cancelled(EngineError):
@@ -112,8 +112,8 @@ class Cancelled(EngineError):
     status = 499
     code = "cancelled"
 
-    def __init__(self, message: str = CLIENT_CLOSED, **kwargs: object) -> None:
-        super().__init__(message, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, message: str = CLIENT_CLOSED) -> None:
+        super().__init__(message)
 
 
 class LoadFailed(EngineError):

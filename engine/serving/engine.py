@@ -54,6 +54,7 @@ class Engine:
         self.on_generation: Callable[[str, Finished], None] | None = None
         self.on_decisions: Callable[[str, int, int], None] | None = None
         self.pool = ModelPool(self.store, settings, float_bytes=compute_dtype().size)
+        self._blas = loaded_blas() or "bundled"  # fixed once the process started (the preload restarts it)
 
     # -- models ----------------------------------------------------------------------------------
 
@@ -85,7 +86,7 @@ class Engine:
     def status(self) -> EngineStatus:
         import mlx.core as mx
 
-        return EngineStatus(self.pool.loaded(), self.pool.running(), self.pool.waiting(), loaded_blas() or "bundled",
+        return EngineStatus(self.pool.loaded(), self.pool.running(), self.pool.waiting(), self._blas,
                             int(mx.get_active_memory()), int(mx.get_cache_memory()))
 
     # -- text ------------------------------------------------------------------------------------
