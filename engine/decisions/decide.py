@@ -16,6 +16,7 @@ share a prefix that holds every image, the vision tower runs once per request an
 
     run = DecisionRun(model, job)       # prefix_reuse=True by default
     run.start()                         # prepare and check every question, prefill the shared prefix
+                                        # (or run.prepare() on any thread, then run.prefill())
     while not run.done:
         run.score_batch(max_rows=8)     # or run.score_next(): one question per call
     run.result()
@@ -34,6 +35,7 @@ batch's logits and its copy of the prefix cache within `batch_logits_bytes` and
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,24 +43,25 @@ from typing import Any
 import numpy as np
 
 from swama.engine.decisions.heads import Head, fill_cache, head_split, logits_at
+from swama.engine.decisions.next_token import NextToken, reduce_rows
 from swama.engine.decisions.scorer import (
     CHAT_TEMPLATE_REQUIRED,
     DecisionError,
     HFLabelTokenizer,
     QuestionView,
     ScoredAnswer,
-    answer_from_logits,
+    answer_from_logprobs,
     build_content,
     check_context,
-    check_no_reasoning_opener,
     check_reasoning_closed,
     find_pair_labels,
     label_token_ids,
     labels_for,
+    logprobs_from_reduction,
     reasoning_opener_ids,
 )
 from swama.engine.decisions.scorer.batch_encode import encode_prompts, round_trips
-from swama.engine.decisions.scorer.checks import ROUND_TRIP_FAILED
+from swama.engine.decisions.scorer.checks import REASONING_OPENER_PREDICTED, ROUND_TRIP_FAILED
 from swama.engine.kinds.tasks import IMAGES_NEED_VISION
 from swama.engine.kinds.vision import LOW_DETAIL_SIDE, MULTIMODAL_CONTEXT_LIMIT, Prefill, fit_within
 from swama.engine.model import LoadedModel
@@ -105,6 +108,7 @@ class DecisionState:
     def __init__(self, model: LoadedModel) -> None:
         self.model = model
         self.label_memo: dict[Any, Any] = {}
+        self.preparing = threading.Lock()  # the tokenizer's memo and cached labels are built under it
 
     @functools.cached_property
     def label_tokenizer(self) -> HFLabelTokenizer:
@@ -190,20 +194,21 @@ def common_prefix(sequences: Sequence[Sequence[int]]) -> int:
 
 
 def _last_logits(net: Any, ids: Sequence[int], cache: Any, prefill: Prefill | None = None,
-                 split: Head | None = None) -> np.ndarray:
-    """Logits after `ids` on `net` (a model or a vision model's language view); with `prefill`,
-    its input embeddings (image features in place) feed the model instead of the ids alone; with
-    `split`, only the last position goes through the vocabulary projection."""
+                 split: Head | None = None) -> Any:
+    """Logits after `ids` on `net` (a model or a vision model's language view), [1, vocab] float32,
+    evaluated; with `prefill`, its input embeddings (image features in place) feed the model
+    instead of the ids alone; with `split`, only the last position goes through the vocabulary
+    projection."""
     import mlx.core as mx
 
     if prefill is None:
-        logits = logits_at(net, split, mx.array(ids)[None], cache, mx.array([0]), mx.array([len(ids) - 1]))[0]
+        logits = logits_at(net, split, mx.array(ids)[None], cache, mx.array([0]), mx.array([len(ids) - 1]))
     else:
         net.expect(prefill)
         out = net(mx.array(ids)[None], cache=cache, input_embeddings=prefill.embeddings)
-        logits = out[0, -1].astype(mx.float32)
-    mx.eval(logits)
-    return np.array(logits, copy=False)
+        logits = out[:, -1].astype(mx.float32)
+    mx.eval(logits)  # before the cache is trimmed or dropped
+    return logits
 
 
 def snapshot_cache(cache: list[Any]) -> list[Any]:
@@ -384,8 +389,18 @@ class DecisionRun:
         return self.model.vision.embed(q.processed)
 
     def start(self) -> None:
-        self.prepared = prepare(self.model, self.job)
-        self.state.opener_ids  # noqa: B018 - worked out now, on the model's thread, not in a batched pass
+        self.prepare()
+        self.prefill()
+
+    def prepare(self) -> None:
+        """Render, tokenize and check every question: host work only, which may run on any thread
+        (one request's at a time per model), so the model's own thread only drives the device."""
+        with self.state.preparing:
+            self.prepared = prepare(self.model, self.job)
+            self.state.opener_ids  # noqa: B018 - worked out now, not in a batched pass
+
+    def prefill(self) -> None:
+        """The shared prefix into this run's cache, on the model's thread."""
         if self.prefix_reuse and len(self.prepared) > 1:
             self.prefix = common_prefix([q.ids for q in self.prepared])
             first = self.prepared[0].processed
@@ -414,7 +429,8 @@ class DecisionRun:
         else:
             prefill = self._prefill(q)
             logits = _last_logits(self.net, q.ids, self._cache(), prefill, None if prefill else self.split)
-        return self.accept(q, logits)
+        [row] = reduce_rows(logits, [q.label_ids], self.state.opener_ids)
+        return self.accept(q, row)
 
     @property
     def batches(self) -> bool:
@@ -444,13 +460,15 @@ class DecisionRun:
         for rows in batch_chunks(lengths, self.position_bytes // 4, self.prefix, kv_token_bytes,
                                  self.batch_logits_bytes, self.batch_cache_bytes):
             chunk = [questions[i] for i in rows]
-            scored += [self.accept(q, logits) for q, logits in zip(chunk, self._batch_logits(chunk), strict=True)]
+            reduced = reduce_rows(self._batch_logits(chunk), [q.label_ids for q in chunk], self.state.opener_ids)
+            scored += [self.accept(q, row) for q, row in zip(chunk, reduced, strict=True)]
         return scored
 
-    def accept(self, q: PreparedQuestion, logits: np.ndarray) -> ScoredAnswer:
-        """The answer to `q` (this run's next question) from its last-position logits."""
-        check_no_reasoning_opener(logits, self.state.opener_ids)
-        answer = answer_from_logits(q.view.kind, logits, q.label_ids)
+    def accept(self, q: PreparedQuestion, row: NextToken) -> ScoredAnswer:
+        """The answer to `q` (this run's next question) from its reduced last-position logits."""
+        if row.opener:
+            raise DecisionError(400, REASONING_OPENER_PREDICTED)
+        answer = answer_from_logprobs(q.view.kind, logprobs_from_reduction(row.top, row.total, row.labels))
         self.answers.append(answer)
         return answer
 
@@ -463,8 +481,9 @@ class DecisionRun:
     def pending(self) -> list[PreparedQuestion]:
         return self.prepared[len(self.answers):]
 
-    def _batch_logits(self, chunk: Sequence[PreparedQuestion]) -> np.ndarray:
-        """Last-real-position logits of each question's suffix, [rows, vocab], in one forward pass."""
+    def _batch_logits(self, chunk: Sequence[PreparedQuestion]) -> Any:
+        """Last-real-position logits of each question's suffix, [rows, vocab] float32, in one forward
+        pass (evaluated)."""
         import mlx.core as mx
 
         suffixes = [q.ids[self.prefix:] for q in chunk]
@@ -474,8 +493,8 @@ class DecisionRun:
         cache = tiled_cache(self.shared, len(chunk), width) if self.shared is not None else self._cache()
         logits = logits_at(self.net, self.split, tokens, cache, mx.arange(len(chunk)),
                            mx.array([len(s) - 1 for s in suffixes]))
-        mx.eval(logits)
-        return np.array(logits, copy=False)
+        mx.eval(logits)  # before the batch cache is dropped
+        return logits
 
     def result(self) -> DecisionResult:
         return DecisionResult(self.answers, sum(len(q.ids) for q in self.prepared), self.prefix)
@@ -502,9 +521,9 @@ def pick_rows(runs: Sequence[DecisionRun], max_rows: int) -> list[tuple[Decision
     return rows
 
 
-def score_across(rows: Sequence[tuple[DecisionRun, PreparedQuestion]]) -> np.ndarray:
-    """Last-position logits of questions from different runs on one model ([rows, vocab]), in one
-    forward pass: each row starts from its own run's shared prefix (merged left-padded, as mlx-lm
+def score_across(rows: Sequence[tuple[DecisionRun, PreparedQuestion]]) -> list[NextToken]:
+    """Reduced last-position logits of questions from different runs on one model, in one forward
+    pass: each row starts from its own run's shared prefix (merged left-padded, as mlx-lm
     batches caches of different lengths) and its suffix is right-padded; the masks keep every row to
     its own tokens. The runs' prefix caches are only read."""
     import mlx.core as mx
@@ -520,5 +539,4 @@ def score_across(rows: Sequence[tuple[DecisionRun, PreparedQuestion]]) -> np.nda
         layer.prepare(lengths=lengths, right_padding=[width - n for n in lengths])
     first = rows[0][0]
     logits = logits_at(first.net, first.split, tokens, cache, mx.arange(len(rows)), mx.array([n - 1 for n in lengths]))
-    mx.eval(logits)
-    return np.array(logits, copy=False)
+    return reduce_rows(logits, [q.label_ids for _, q in rows], first.state.opener_ids)

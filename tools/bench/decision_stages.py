@@ -35,11 +35,18 @@ STAGES = ("render", "encode", "checks and labels", "prefix", "tile", "suffixes",
 
 def one_request(model, job) -> dict[str, float]:
     import mlx.core as mx
-    import numpy as np
 
     from swama.engine.decisions import decide
     from swama.engine.decisions.heads import fill_cache
-    from swama.engine.decisions.scorer import build_content, check_context, check_reasoning_closed, labels_for
+    from swama.engine.decisions.next_token import reduce_rows
+    from swama.engine.decisions.scorer import (
+        answer_from_logprobs,
+        build_content,
+        check_context,
+        check_reasoning_closed,
+        labels_for,
+        logprobs_from_reduction,
+    )
     from swama.engine.decisions.scorer.batch_encode import encode_prompts, round_trips
 
     times: dict[str, float] = {}
@@ -88,10 +95,13 @@ def one_request(model, job) -> dict[str, float]:
     mx.eval(hidden)
     lap("suffixes")
     rows, cols = mx.arange(len(suffixes)), mx.array([len(s) - 1 for s in suffixes])
-    logits = np.array(head(hidden[rows, cols]).astype(mx.float32), copy=False)
+    logits = head(hidden[rows, cols]).astype(mx.float32)
+    mx.eval(logits)
     lap("head")
-    for q, ids, row in zip(views, label_ids, logits, strict=True):
-        decide.answer_from_logits(q.kind, row, ids)
+    reduced = reduce_rows(logits, label_ids, state.opener_ids)
+    lap("reduce on the device")
+    for q, row in zip(views, reduced, strict=True):
+        answer_from_logprobs(q.kind, logprobs_from_reduction(row.top, row.total, row.labels))
     lap("answers")
     return times
 

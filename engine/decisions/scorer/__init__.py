@@ -34,6 +34,7 @@ from .math import (
     label_logprobs,
     label_mass,
     label_probabilities,
+    logprobs_from_reduction,
     score_confidence,
 )
 from .prompt import PROMPT_FORMAT_VERSION, build_content, render_text
@@ -84,6 +85,7 @@ __all__ = [
     "find_pair_labels",
     "first_argmax",
     "label_logprobs",
+    "logprobs_from_reduction",
     "label_mass",
     "label_probabilities",
     "label_token_ids",

@@ -31,16 +31,22 @@ def label_logprobs(logits: Sequence[float] | np.ndarray, label_ids: Sequence[int
         raise DecisionError(500, INVALID_NEXT_TOKEN_LOGITS)
     with np.errstate(all="ignore"):
         top = z.max()
-        if not np.isfinite(top):
-            raise DecisionError(500, INVALID_NEXT_TOKEN_LOGITS)
-        total = float(np.sum(np.exp(z - top), dtype=np.float32))
+        total = np.sum(np.exp(z - top), dtype=np.float32) if np.isfinite(top) else np.float32("nan")
+    return logprobs_from_reduction(float(top), float(total), [float(z[i]) for i in label_ids])
+
+
+def logprobs_from_reduction(top: float, total: float, label_logits: Sequence[float]) -> tuple[float, ...]:
+    """``z[id] - logsumexp(z)`` per label from the vocabulary's float32 maximum ``top``, its float32
+    sum of ``exp(z - top)`` and the labels' logits: what a device reduces the logits to."""
+    if not math.isfinite(top):
+        raise DecisionError(500, INVALID_NEXT_TOKEN_LOGITS)
     # The float32 sum is at least 1 (the maximum's own term). Adding the maximum back in double
     # avoids a float32 rounding of the log-sum-exp (up to 2e-6 at logits near 40) that could push
     # a confident answer's label mass over the 1.000001 sanity bound.
-    lse = float(top) + math.log(total) if math.isfinite(total) else math.nan
+    lse = top + math.log(total) if math.isfinite(total) and total > 0 else math.nan
     if not math.isfinite(lse):
         raise DecisionError(500, INVALID_NEXT_TOKEN_LOGITS)
-    return tuple(float(z[i]) - lse for i in label_ids)
+    return tuple(float(x) - lse for x in label_logits)
 
 
 def check_label_logprobs(logprobs: Sequence[float]) -> None:
