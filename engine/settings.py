@@ -110,6 +110,10 @@ class EngineSettings(StoreSettings):
         True, "score every decision question from a fresh cache (bit-exact repeats of single questions) "
               "instead of sharing one prefill of the common prefix", env="SWAMA_DECISION_PREFIX_CACHE",
         flags=("--no-decision-prefix-cache",))
+    profile_dir: Path | None = option(
+        None, "write a cProfile of each model's scheduler thread (the one thread that drives the device) "
+              "into this folder when the model unloads or the server stops, for `python -m pstats`",
+        metavar="DIR")
 
     def prompt_cache_budget(self) -> int:
         """Bytes of prompt cache per model (0: none)."""

@@ -135,7 +135,8 @@ class Engine:
             cache = PromptCache(budget) if budget > 0 else None
             model.state.prompt_cache = cache  # the same cache for requests served alone
             model.state.scheduler = Scheduler(model, prompt_cache=cache, batching=self.settings.batching,
-                                              rows=self.settings.batch_rows, prefill_step=self.settings.prefill_step)
+                                              rows=self.settings.batch_rows, prefill_step=self.settings.prefill_step,
+                                              profile_dir=self.settings.profile_dir)
         return model.state.scheduler
 
     # -- decisions -------------------------------------------------------------------------------
@@ -153,7 +154,8 @@ class Engine:
             async with self.pool.share(model_id, self._rows()) as model:
                 scheduler = self._scheduler(model)
                 run = DecisionRun(model, job, prefix_reuse=reuse)
-                await scheduler.run(run.start)
+                await in_thread(run.prepare)  # templates, tokenizing and label checks: off the model's thread
+                await scheduler.run(run.prefill)
                 if run.joins_others and not run.done:
                     await scheduler.score(run)  # in passes shared with concurrent decision requests
                 while not run.done:

@@ -3,17 +3,22 @@
 Chat and responses requests join one continuous batch (mlx-lm's `BatchGenerator`) and leave it when
 they finish, between steps. Each turn of the loop:
 
-1. new requests are prepared (chat template, token budget, sampler) and inserted, resuming from the
-   prompt cache's longest matching prefix;
+1. new requests, whose prompts were rendered and tokenized on a worker thread before they were
+   submitted, are inserted (token budget, sampler), resuming from the prompt cache's longest
+   matching prefix;
 2. rows whose client went away are removed, and their key/value state goes back to the prompt cache;
 3. one queued task runs (a decision request's preparation and prefix prefill), so decisions share
    the model fairly, and one batched pass scores the pending questions of every decision request
-   waiting on the model together (up to `DECISION_ROWS` rows, round robin over the requests);
+   waiting on the model together (up to `decision_rows` rows: `DECISION_ROWS`, or `--batch-rows`
+   when that is larger; round robin over the requests);
 4. one batch step: a decode token for every generating row, plus one prefill chunk of at most
    `prefill_step` tokens for rows still reading their prompts, so a long prompt never freezes the
    streams already generating.
 
-Each row's tokens become events through its own `Decoder` (stop sequences, tool calls). A model whose
+After each step the new tokens of all rows go to the event loop in one call, and each row's
+`Decoder` turns them into events there (detokenizing, stop sequences, tool calls), so the thread
+that drives the device does no text work; a row whose decoder meets a stop sequence is taken out
+at the next turn, as a cancelled one is. A model whose
 caches cannot be merged into a batch, and every model with batching turned off, runs each request
 alone as a task on the same thread: one at a time, in arrival order.
 """
@@ -23,18 +28,20 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from swama.engine.decisions.decide import DecisionRun, pick_rows, score_across
 from swama.engine.errors import Cancelled, ContextTooLong, EngineError, Failed, Unavailable
 from swama.engine.model import LoadedModel
 from swama.engine.serving.prompt_cache import PromptCache, cacheable
-from swama.engine.serving.threads import THREADS
+from swama.engine.serving.threads import THREADS, in_thread
 from swama.engine.settings import CPU_PREFILL_STEP, GPU_PREFILL_STEP, default_of
 from swama.engine.text.generator import (
     ChatRequest,
@@ -49,7 +56,7 @@ from swama.engine.text.generator import (
 log = logging.getLogger("swama.scheduler")
 T = TypeVar("T")
 _DONE = object()
-DECISION_ROWS = 16  # decision questions scored in one batched pass between batch steps
+DECISION_ROWS = 16  # decision questions scored in one batched pass between batch steps, at least
 
 
 def default_prefill_step() -> int:
@@ -72,23 +79,50 @@ class _Job:
     request: ChatRequest
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
-    cancelled: threading.Event = field(default_factory=threading.Event)
+    cancelled: threading.Event = field(default_factory=threading.Event)  # client gone, or a stop sequence met
     submitted: float = field(default_factory=time.perf_counter)
-    decoder: Decoder | None = None
+    ids: list[int] = field(default_factory=list)  # the rendered prompt
+    decoder: Decoder | None = None  # used on the event loop's thread only
     reused: int = 0
+    ended: bool = False  # its last event is queued (event loop's thread)
 
     def post(self, item: Any) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
+    def deliver(self, token: int, finish_reason: str | None) -> None:
+        """On the event loop: one generated token (and the generator's finish reason) into events."""
+        if self.ended:
+            return
+        put = self.queue.put_nowait
+        for event in self.decoder.token(token):
+            put(event)
+        reason = self.decoder.finish_reason or finish_reason
+        if reason is not None:
+            self.ended = True
+            if finish_reason is None:
+                self.cancelled.set()  # a stop sequence: the scheduler takes the row out next turn
+            for event in self.decoder.finish(reason, self.reused):
+                put(event)
+            put(_DONE)
+
+
+def _deliver(tokens: list[tuple[_Job, int, str | None]]) -> None:
+    for job, token, finish_reason in tokens:
+        job.deliver(token, finish_reason)
+
 
 class Scheduler:
     def __init__(self, model: LoadedModel, *, prompt_cache: PromptCache | None, batching: bool = True,
-                 rows: int | None = None, prefill_step: int | None = None) -> None:
+                 rows: int | None = None, prefill_step: int | None = None,
+                 profile_dir: Path | None = None) -> None:
         self.model = model
+        self.profile_dir = profile_dir
         self.prompt_cache = prompt_cache
         self.batching = batching and batchable(model)
         self.rows = (rows or default_of("batch_rows")) if self.batching else 1
         self.prefill_step = prefill_step or default_prefill_step()
+        # A device given more rows to generate for takes as many decision questions in one pass.
+        self.decision_rows = max(DECISION_ROWS, rows or default_of("batch_rows"))
         self._wake = threading.Condition()
         self._new: deque[_Job] = deque()
         self._tasks: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = deque()
@@ -109,6 +143,9 @@ class Scheduler:
         if not self.batching:
             job_done = self.call(lambda: self._alone(job))
         else:
+            job.ids = (await in_thread(lambda: prepare(self.model, request))).ids
+            job.decoder = Decoder(self.model, request, len(job.ids))
+            job.decoder.started = job.submitted  # time to first token counts the preparation and the wait for a row
             self._submit(lambda: self._new.append(job))
         try:
             while True:
@@ -170,6 +207,20 @@ class Scheduler:
     # -- the scheduler thread ----------------------------------------------------------------------
 
     def _loop(self) -> None:
+        if self.profile_dir is None:
+            return self._serve()
+        import cProfile
+
+        profile = cProfile.Profile()
+        try:
+            profile.runcall(self._serve)
+        finally:
+            self.profile_dir.mkdir(parents=True, exist_ok=True)
+            name = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.model.id)
+            profile.dump_stats(self.profile_dir / f"scheduler-{name}-{os.getpid()}-{time.time_ns()}.prof")
+            log.info("scheduler profile of %s written to %s", self.model.id, self.profile_dir)
+
+    def _serve(self) -> None:
         import mlx.core as mx
 
         self._thread = threading.current_thread()
@@ -224,17 +275,17 @@ class Scheduler:
             waiting = list(self._decisions)
         if not waiting:
             return
-        rows = pick_rows([run for run, _ in waiting], DECISION_ROWS)
+        rows = pick_rows([run for run, _ in waiting], self.decision_rows)
         futures = {id(run): future for run, future in waiting}
         try:
-            logits = score_across(rows)
+            reduced = score_across(rows)
         except Exception as exc:  # the pass failed: every request in it gets the error
             for run in {id(r): r for r, _ in rows}.values():
                 self._settle(futures[id(run)], exc)
             return
         self.decision_passes += 1
         failed: set[int] = set()
-        for (run, q), row in zip(rows, logits, strict=True):
+        for (run, q), row in zip(rows, reduced, strict=True):
             if id(run) in failed:
                 continue
             try:
@@ -286,7 +337,7 @@ class Scheduler:
             job.post(_DONE)
             return
         try:
-            ids = prepare(self.model, job.request).ids
+            ids = job.ids
             budget = token_budget(job.request, len(ids))
             if budget <= 0:
                 raise ContextTooLong(f"The prompt ({len(ids)} tokens) leaves no room to generate in the context "
@@ -301,8 +352,6 @@ class Scheduler:
         except Exception as exc:
             job.post(exc)
             return
-        job.decoder = Decoder(self.model, job.request, len(ids))
-        job.decoder.started = job.submitted  # time to first token counts the wait for a row too
         self._active[uid] = job
 
     def _keep(self, kept: tuple[list[Any], list[int]] | None) -> None:
@@ -322,26 +371,19 @@ class Scheduler:
         for uid in [u for u, job in self._active.items() if job.cancelled.is_set()]:
             self._remove(uid)  # its client is gone: nothing more is sent
 
-    def _finish(self, job: _Job, reason: str) -> None:
-        for event in job.decoder.finish(reason, job.reused):
-            job.post(event)
-        job.post(_DONE)
-
     def _step(self) -> None:
         _, responses = self._gen.next()
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Job, int, str | None]]] = {}
         for r in responses:
             job = self._active.get(r.uid)
             if job is None:
                 continue
-            for event in job.decoder.token(int(r.token)):
-                job.post(event)
+            by_loop.setdefault(job.loop, []).append((job, int(r.token), r.finish_reason))
             if r.finish_reason is not None:  # end of sequence or max tokens: the row has left the batch
                 self._active.pop(r.uid)
                 self._keep((r.prompt_cache, r.all_tokens))
-                self._finish(job, job.decoder.finish_reason or r.finish_reason)
-            elif job.decoder.finish_reason is not None:  # a stop sequence: take the row out
-                self._remove(r.uid)
-                self._finish(job, job.decoder.finish_reason)
+        for loop, tokens in by_loop.items():  # one wake-up of each event loop per step
+            loop.call_soon_threadsafe(_deliver, tokens)
 
     def _fail_all(self, error: EngineError) -> None:
         for job in self._active.values():

@@ -7,6 +7,7 @@ so no client ever sees half a stop string or half a call.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Iterator
@@ -165,17 +166,25 @@ def _resume(model: LoadedModel, net: Any, ids: list[int]) -> tuple[PromptCache |
     return store, cache, reused
 
 
+@functools.lru_cache(maxsize=256)
+def shared_sampler(temperature: float, top_p: float, min_p: float, top_k: int) -> Any:
+    """One sampler object per setting: a batch whose rows all hold the same object samples in one
+    call instead of one per row (greedy rows share mlx-lm's greedy sampler the same way)."""
+    from mlx_lm.sample_utils import make_sampler
+
+    return make_sampler(temp=temperature, top_p=top_p, min_p=min_p, top_k=top_k)
+
+
 def make_sampling(model: LoadedModel, s: Sampling) -> tuple[Any, list[Any]]:
     """The sampler and logits processors of one request. A seeded request samples from its own
     random key, so its output depends on its seed alone, never on other requests batched with it;
-    greedy requests share mlx-lm's one greedy sampler, which lets a batch sample in one call."""
+    unseeded requests with the same settings share one sampler (`shared_sampler`)."""
     import mlx.core as mx
     from mlx_lm.sample_utils import (
         apply_min_p,
         apply_top_k,
         apply_top_p,
         make_logits_processors,
-        make_sampler,
     )
 
     # A top_k as large as the vocabulary filters nothing (and is more than the sampler can partition).
@@ -185,7 +194,7 @@ def make_sampling(model: LoadedModel, s: Sampling) -> tuple[Any, list[Any]]:
         repetition_penalty=s.repetition_penalty, repetition_context_size=s.repetition_context_size,
         presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty)
     if s.seed is None or s.temperature == 0:
-        return make_sampler(temp=s.temperature, top_p=top_p, min_p=s.min_p, top_k=top_k), processors
+        return shared_sampler(s.temperature, top_p, s.min_p, top_k), processors
     key = mx.random.key(s.seed % 2**64)  # any JSON integer names a seed; MLX takes 64 unsigned bits
     scale = 1.0 / s.temperature
 
