@@ -6,6 +6,7 @@
 # travels as a bundle built here, split into parts small enough to copy one at a time:
 #
 #   here:   bash tools/gpu.sh bundle [PART_MiB]   wheels for that python, the real test models'
+#                                                 (for the platform tags `bash tools/gpu.sh platforms` lists)
 #                                                 wheels, espeak-ng, packed and split under .gpu/partN
 #   there:  bash tools/gpu.sh receive N           keep part N (run from the copied checkout)
 #           bash tools/gpu.sh install             join the parts, install into /tmp/swama-gpu
@@ -20,8 +21,11 @@ ROOT=${SWAMA_GPU_ROOT:-/tmp/swama-gpu}
 OUT=${OUT:-$ROOT/out}
 BUNDLE=.gpu
 PART_MIB=${2:-60}
-PLATFORMS=(manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_27_x86_64 manylinux_2_28_x86_64
-           manylinux_2_31_x86_64 manylinux_2_34_x86_64 manylinux_2_35_x86_64 manylinux1_x86_64 any)
+# pip matches platform tags exactly, so every glibc a wheel may name is listed: manylinux_2_N for
+# each N from 5 (the manylinux1 baseline) up to the target's glibc, plus the legacy aliases.
+TARGET_GLIBC_MINOR=${SWAMA_GPU_GLIBC_MINOR:-39}
+PLATFORMS=(manylinux1_x86_64 manylinux2010_x86_64 manylinux2014_x86_64 any)
+for ((n = 5; n <= TARGET_GLIBC_MINOR; n++)); do PLATFORMS+=("manylinux_2_${n}_x86_64"); done
 # What the target's python already has (and must keep: torch is built against them), or what only
 # the CPU backend needs. transformers and huggingface-hub do travel: tokenizers and chat templates
 # must behave as they do in the environment the suite is pinned in.
@@ -162,5 +166,6 @@ case "${1:-}" in
     test) shift; cmd_test "$@" ;;
     bench) shift; cmd_bench "$@" ;;
     env) environment; shift; exec "$@" ;;
+    platforms) printf '%s\n' "${PLATFORMS[@]}" ;;
     *) sed -n '2,15p' "$0" >&2; exit 2 ;;
 esac

@@ -82,3 +82,16 @@ def test_tiny_parts_make_their_tables(smollm2_dir: Path, tmp_path: Path) -> None
     assert "| swama, suffixes in one batched pass (`score_batch`) |" in text
     assert "not measured: could not start" in text
     assert "python -m tools.bench.gpu --shapes tiny" in text
+
+
+def test_gpu_bundle_names_every_glibc_up_to_the_target():
+    """pip matches platform tags exactly: a wheel tagged manylinux_2_18 or _2_25 (NVIDIA's nccl and
+    cupti, which torch pins) is found only when that exact tag is asked for."""
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "tools" / "gpu.sh"
+    tags = subprocess.run(["bash", str(script), "platforms"], capture_output=True, text=True, check=True).stdout.split()
+    for minor in range(5, 40):
+        assert f"manylinux_2_{minor}_x86_64" in tags
+    assert {"manylinux2014_x86_64", "manylinux1_x86_64", "any"} <= set(tags)
