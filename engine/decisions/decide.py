@@ -398,14 +398,21 @@ class DecisionRun:
         with self.state.preparing:
             self.prepared = prepare(self.model, self.job)
             self.state.opener_ids  # noqa: B018 - worked out now, not in a batched pass
-
-    def prefill(self) -> None:
-        """The shared prefix into this run's cache, on the model's thread."""
         if self.prefix_reuse and len(self.prepared) > 1:
             self.prefix = common_prefix([q.ids for q in self.prepared])
             first = self.prepared[0].processed
             if first is not None and self.prefix <= first.last_image_index:
                 self.prefix = 0  # the questions part before the last image: nothing to share
+
+    @property
+    def prefills_with_others(self) -> bool:
+        """Whether this prepared run's shared prefix can be prefilled in one batched pass with other
+        runs' (`prefill_together`): text only, on a model whose fresh cache is plain KV."""
+        return (self.prefix > 0 and not self.job.images and self.model.vision is None
+                and plain_kv(self._cache()))
+
+    def prefill(self) -> None:
+        """The shared prefix into this (prepared) run's cache, on the model's thread."""
         if self.prefix > 0:
             first = self.prepared[0]
             prefill = self._prefill(first)
@@ -500,25 +507,81 @@ class DecisionRun:
         return DecisionResult(self.answers, sum(len(q.ids) for q in self.prepared), self.prefix)
 
 
+def prefill_together(runs: Sequence[DecisionRun]) -> None:
+    """The shared prefixes of several prepared runs on one model (each `prefills_with_others`) in
+    one batched forward pass: left-padded as mlx-lm batches prompts, so every row's tokens keep their
+    positions and see only themselves; each run then gets its own plain KV cache, cut from the
+    batch. The same state as each run's `prefill()` up to float rounding in the batched products."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import BatchKVCache
+
+    if len(runs) == 1:
+        runs[0].prefill()
+        return
+    prefixes = [run.prepared[0].ids[: run.prefix] for run in runs]
+    width = max(map(len, prefixes))
+    padding = [width - len(p) for p in prefixes]
+    first = runs[0]
+    cache = [BatchKVCache(padding) for _ in first._cache()]
+    fill_cache(first.net, mx.array([[0] * pad + p for pad, p in zip(padding, prefixes, strict=True)]), cache)
+    for i, run in enumerate(runs):
+        run.shared = [layer.extract(i) for layer in cache]
+    mx.eval([[c.keys, c.values] for run in runs for c in run.shared])
+
+
 def pick_rows(runs: Sequence[DecisionRun], max_rows: int) -> list[tuple[DecisionRun, PreparedQuestion]]:
-    """Questions of several runs for one batched pass: round robin over the runs, each run's in
-    order, as many as keep the pass's logits and merged prefix caches within the runs' bounds."""
+    """Questions of several runs for one batched pass: taken round robin over the runs, each run's in
+    order, as many as keep the pass's logits and merged prefix caches within the runs' bounds; returned
+    grouped by run (each run's in order), so each run's prefix is laid out once (`merged_prefixes`)."""
     queues = [list(run.pending()) for run in runs]
-    rows: list[tuple[DecisionRun, PreparedQuestion]] = []
+    token_bytes = [kv_bytes_per_token(run.shared) for run in runs]
+    taken: list[tuple[int, PreparedQuestion]] = []
     width = prefix = 0
-    while len(rows) < max_rows and any(queues):
-        for run, queue in zip(runs, queues, strict=True):
-            if not queue or len(rows) >= max_rows:
+    while len(taken) < max_rows and any(queues):
+        for r, (run, queue) in enumerate(zip(runs, queues, strict=True)):
+            if not queue or len(taken) >= max_rows:
                 continue
             q = queue[0]
             w, p = max(width, len(q.ids) - run.prefix), max(prefix, run.prefix)
-            n = len(rows) + 1
-            if rows and (n * w * run.position_bytes > run.batch_logits_bytes
-                         or n * (p + w) * kv_bytes_per_token(run.shared) > run.batch_cache_bytes):
-                return rows
-            rows.append((run, queue.pop(0)))
+            n = len(taken) + 1
+            if taken and (n * w * run.position_bytes > run.batch_logits_bytes
+                          or n * (p + w) * token_bytes[r] > run.batch_cache_bytes):
+                queues = [[]] * len(runs)  # full: stop taking
+                break
+            taken.append((r, queue.pop(0)))
             width, prefix = w, p
-    return rows
+    taken.sort(key=lambda row: row[0])  # stable: each run's questions stay in order
+    return [(runs[r], q) for r, q in taken]
+
+
+def merged_prefixes(runs: Sequence[DecisionRun]) -> list[Any]:
+    """One batch cache per layer whose row i holds `runs[i]`'s shared prefix, left-padded to the
+    longest (as mlx-lm's `BatchKVCache.merge` lays it out). A run's consecutive rows are one repeat
+    of its prefix, so a pass costs a few array operations per run and layer, not one per row."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import BatchKVCache
+
+    groups: list[tuple[DecisionRun, int]] = []
+    for run in runs:
+        if groups and groups[-1][0] is run:
+            groups[-1] = (run, groups[-1][1] + 1)
+        else:
+            groups.append((run, 1))
+    longest = max(run.prefix for run in runs)
+    merged = []
+    for i in range(len(runs[0].shared)):
+        keys, values = [], []
+        for run, count in groups:
+            k, v = run.shared[i].keys_and_values()
+            pad = [(0, 0), (0, 0), (longest - run.prefix, 0), (0, 0)]
+            keys.append(mx.repeat(mx.pad(k, pad), count, axis=0))
+            values.append(mx.repeat(mx.pad(v, pad), count, axis=0))
+        layer = BatchKVCache([longest - run.prefix for run in runs])
+        layer.keys, layer.values = mx.concatenate(keys), mx.concatenate(values)
+        layer.offset = layer.offset + longest
+        layer._idx = longest
+        merged.append(layer)
+    return merged
 
 
 def score_across(rows: Sequence[tuple[DecisionRun, PreparedQuestion]]) -> list[NextToken]:
@@ -527,14 +590,12 @@ def score_across(rows: Sequence[tuple[DecisionRun, PreparedQuestion]]) -> list[N
     batches caches of different lengths) and its suffix is right-padded; the masks keep every row to
     its own tokens. The runs' prefix caches are only read."""
     import mlx.core as mx
-    from mlx_lm.models.cache import BatchKVCache
 
     suffixes = [q.ids[run.prefix:] for run, q in rows]
     lengths = [len(s) for s in suffixes]
     width = max(lengths)
     tokens = mx.array([s + [0] * (width - len(s)) for s in suffixes])
-    layers = len(rows[0][0].shared)
-    cache = [BatchKVCache.merge([run.shared[i] for run, _ in rows]) for i in range(layers)]
+    cache = merged_prefixes([run for run, _ in rows])
     for layer in cache:
         layer.prepare(lengths=lengths, right_padding=[width - n for n in lengths])
     first = rows[0][0]

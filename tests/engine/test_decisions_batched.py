@@ -237,3 +237,76 @@ def test_questions_of_concurrent_requests_share_one_pass(name: str, request: pyt
         assert len(run.answers) == len(reference)
         for x, y in zip(run.answers, reference, strict=True):
             assert max(abs(p - q) for p, q in zip(x.probabilities, y.probabilities, strict=True)) < BOUNDS[name]
+
+
+@pytest.mark.parametrize("name", ["tiny", "smollm2"])
+def test_prefixes_of_concurrent_requests_are_prefilled_in_one_pass(name: str, request: pytest.FixtureRequest) -> None:
+    """Requests waiting for their prefix prefill are prefilled together (left-padded, as a GPU
+    scheduler does; its token budget is given here on the CPU), and score as each does alone."""
+    model = request.getfixturevalue(name)
+    questions = mixed_questions()
+    jobs = [DecisionJob(INPUT, questions[:5], 4096), DecisionJob(OTHER_INPUT, questions[5:9], 4096),
+            DecisionJob(INPUT[:300], questions[9:14], 4096)]
+    alone = [one_by_one(started(model, job)) for job in jobs]
+    calls: list[int] = []
+    inner = decide.prefill_together
+
+    def counted(runs):
+        calls.append(len(runs))
+        return inner(runs)
+
+    async def together() -> list[DecisionRun]:
+        scheduler = Scheduler(model, prompt_cache=None)
+        scheduler.prefill_tokens = 8 * 4096
+        try:
+            runs = [DecisionRun(model, job) for job in jobs]
+            for run in runs:
+                run.prepare()
+                assert run.prefills_with_others
+            gate = threading.Event()
+            held = scheduler.call(gate.wait)  # the model is busy while all three requests arrive
+            prefilling = [asyncio.ensure_future(scheduler.prefill(run)) for run in runs]
+            await asyncio.sleep(0.1)
+            gate.set()
+            await asyncio.wrap_future(held)
+            await asyncio.gather(*prefilling)
+            for run in runs:
+                await scheduler.score(run)
+            return runs
+        finally:
+            scheduler.close()
+
+    import swama.engine.serving.scheduler as scheduling
+
+    saved, scheduling.prefill_together = scheduling.prefill_together, counted
+    try:
+        runs = asyncio.run(together())
+    finally:
+        scheduling.prefill_together = saved
+    assert calls == [3]
+    for run, reference in zip(runs, alone, strict=True):
+        assert [c.offset for c in run.shared] == [run.prefix] * len(run.shared)
+        for x, y in zip(run.answers, reference, strict=True):
+            assert max(abs(p - q) for p, q in zip(x.probabilities, y.probabilities, strict=True)) < BOUNDS[name]
+
+
+def test_merged_prefixes_lay_out_what_mlx_lm_merges(tiny: LoadedModel) -> None:
+    """A pass's prefix cache, built with one repeat per run, equals mlx-lm's row-by-row merge; and the
+    rows of a pass come grouped by run, each run's questions in order."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import BatchKVCache
+
+    questions = mixed_questions()
+    runs = [started(tiny, DecisionJob(text, questions[i:i + 4], 4096))
+            for i, text in enumerate([INPUT, OTHER_INPUT, INPUT[:300]])]
+    rows = decide.pick_rows(runs, 9)
+    assert [runs.index(run) for run, _ in rows] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    for run in runs:
+        assert [q for r, q in rows if r is run] == run.pending()[:3]
+    order = [run for run, _ in rows]
+    ours = decide.merged_prefixes(order)
+    for i, layer in enumerate(ours):
+        theirs = BatchKVCache.merge([run.shared[i] for run in order])
+        assert mx.array_equal(layer.keys, theirs.keys) and mx.array_equal(layer.values, theirs.values)
+        assert layer.left_padding.tolist() == theirs.left_padding.tolist()
+        assert layer.offset.tolist() == theirs.offset.tolist() and layer._idx == theirs._idx
