@@ -236,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
              f"Command: `python -m tools.bench.load {shlex.join(argv if argv is not None else sys.argv[1:])}`", ""]
     with temp_dir("bench-load-store-") as root:
         store = build_store(Path(root), folder, repo_id)
-        flags = ["--batch-rows", str(args.batch_rows)]
+        # Every client of the largest level may wait for the model at once.
+        flags = ["--batch-rows", str(args.batch_rows), "--max-model-queue", "1024"]
         if args.profile is not None:
             flags += ["--profile-dir", str(args.profile)]
         extra = {"SWAMA_MODELS": str(store), "SWAMA_IDLE_SECONDS": "3600", "HF_HUB_OFFLINE": "1"}
