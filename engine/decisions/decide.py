@@ -404,13 +404,6 @@ class DecisionRun:
             if first is not None and self.prefix <= first.last_image_index:
                 self.prefix = 0  # the questions part before the last image: nothing to share
 
-    @property
-    def prefills_with_others(self) -> bool:
-        """Whether this prepared run's shared prefix can be prefilled in one batched pass with other
-        runs' (`prefill_together`): text only, on a model whose fresh cache is plain KV."""
-        return (self.prefix > 0 and not self.job.images and self.model.vision is None
-                and plain_kv(self._cache()))
-
     def prefill(self) -> None:
         """The shared prefix into this (prepared) run's cache, on the model's thread."""
         if self.prefix > 0:
@@ -505,28 +498,6 @@ class DecisionRun:
 
     def result(self) -> DecisionResult:
         return DecisionResult(self.answers, sum(len(q.ids) for q in self.prepared), self.prefix)
-
-
-def prefill_together(runs: Sequence[DecisionRun]) -> None:
-    """The shared prefixes of several prepared runs on one model (each `prefills_with_others`) in
-    one batched forward pass: left-padded as mlx-lm batches prompts, so every row's tokens keep their
-    positions and see only themselves; each run then gets its own plain KV cache, cut from the
-    batch. The same state as each run's `prefill()` up to float rounding in the batched products."""
-    import mlx.core as mx
-    from mlx_lm.models.cache import BatchKVCache
-
-    if len(runs) == 1:
-        runs[0].prefill()
-        return
-    prefixes = [run.prepared[0].ids[: run.prefix] for run in runs]
-    width = max(map(len, prefixes))
-    padding = [width - len(p) for p in prefixes]
-    first = runs[0]
-    cache = [BatchKVCache(padding) for _ in first._cache()]
-    fill_cache(first.net, mx.array([[0] * pad + p for pad, p in zip(padding, prefixes, strict=True)]), cache)
-    for i, run in enumerate(runs):
-        run.shared = [layer.extract(i) for layer in cache]
-    mx.eval([[c.keys, c.values] for run in runs for c in run.shared])
 
 
 def pick_rows(runs: Sequence[DecisionRun], max_rows: int) -> list[tuple[DecisionRun, PreparedQuestion]]:

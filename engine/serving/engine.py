@@ -155,7 +155,7 @@ class Engine:
                 scheduler = self._scheduler(model)
                 run = DecisionRun(model, job, prefix_reuse=reuse)
                 await in_thread(run.prepare)  # templates, tokenizing and label checks: off the model's thread
-                await scheduler.prefill(run)
+                await scheduler.run(run.prefill)
                 if run.joins_others and not run.done:
                     await scheduler.score(run)  # in passes shared with concurrent decision requests
                 while not run.done:

@@ -7,9 +7,8 @@ they finish, between steps. Each turn of the loop:
    submitted, are inserted (token budget, sampler), resuming from the prompt cache's longest
    matching prefix;
 2. rows whose client went away are removed, and their key/value state goes back to the prompt cache;
-3. one queued task runs, then the shared prefixes of the decision requests waiting for them are
-   prefilled (on a GPU together in one batched pass, up to `prefill_step` x 8 tokens; on the CPU
-   one a turn), and one batched pass scores the pending questions of every decision request
+3. one queued task runs (a decision request's prefix prefill), so decisions share the model
+   fairly, and one batched pass scores the pending questions of every decision request
    waiting on the model together (up to `decision_rows` rows: `DECISION_ROWS`, or `--batch-rows`
    when that is larger; round robin over the requests);
 4. one batch step: a decode token for every generating row, plus one prefill chunk of at most
@@ -38,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from swama.engine.decisions.decide import DecisionRun, pick_rows, prefill_together, score_across
+from swama.engine.decisions.decide import DecisionRun, pick_rows, score_across
 from swama.engine.errors import Cancelled, ContextTooLong, EngineError, Failed, Unavailable
 from swama.engine.model import LoadedModel
 from swama.engine.serving.prompt_cache import PromptCache, cacheable
@@ -60,15 +59,11 @@ _DONE = object()
 DECISION_ROWS = 16  # decision questions scored in one batched pass between batch steps, at least
 
 
-def _on_gpu() -> bool:
-    from swama.engine.runtime import on_gpu
-
-    return on_gpu()
-
-
 def default_prefill_step() -> int:
     """Prompt tokens read per step when --prefill-step is not given: the device's (engine/settings.py)."""
-    return GPU_PREFILL_STEP if _on_gpu() else CPU_PREFILL_STEP
+    from swama.engine.runtime import on_gpu
+
+    return GPU_PREFILL_STEP if on_gpu() else CPU_PREFILL_STEP
 
 
 def batchable(model: LoadedModel) -> bool:
@@ -128,18 +123,11 @@ class Scheduler:
         self.prefill_step = prefill_step or default_prefill_step()
         # A device given more rows to generate for takes as many decision questions in one pass.
         self.decision_rows = max(DECISION_ROWS, rows or default_of("batch_rows"))
-        # Decision prefixes prefilled in one pass: on a GPU, where one prefix leaves it mostly idle,
-        # up to eight prefill steps' worth of tokens; on the CPU, which one prefix keeps busy, one.
-        self.prefill_tokens = 8 * self.prefill_step if _on_gpu() else 0
-        # New chat prompts read together: a burst of arrivals on a GPU joins in one prefill (each
-        # prefill then extends the batch's caches once), on the CPU eight at a time.
-        self.prefill_rows = self.rows if _on_gpu() else min(8, self.rows)
         self._wake = threading.Condition()
         self._new: deque[_Job] = deque()
         self._tasks: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = deque()
         self._active: dict[int, _Job] = {}
         self._decisions: list[tuple[DecisionRun, concurrent.futures.Future[None]]] = []
-        self._prefills: list[tuple[DecisionRun, concurrent.futures.Future[None]]] = []
         self.decision_passes = 0  # batched passes that scored decision questions
         self._closed = False
         self._gen: Any = None
@@ -187,19 +175,6 @@ class Scheduler:
             return await asyncio.shield(asyncio.wrap_future(future))
         except asyncio.CancelledError:
             if not future.cancel():
-                await asyncio.wait({asyncio.wrap_future(future)})
-            raise
-
-    async def prefill(self, run: DecisionRun) -> None:
-        """Prefill a prepared run's shared prefix on this thread, batched with other runs' where they
-        allow it (`DecisionRun.prefills_with_others`)."""
-        future: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._submit(lambda: self._prefills.append((run, future)))
-        try:
-            await asyncio.shield(asyncio.wrap_future(future))
-        except asyncio.CancelledError:
-            future.cancel()  # the client went away: its prefix is not prefilled
-            if future.running():
                 await asyncio.wait({asyncio.wrap_future(future)})
             raise
 
@@ -253,8 +228,7 @@ class Scheduler:
         stream = mx.default_stream(mx.default_device())
         while True:
             with self._wake:
-                while not (self._closed or self._new or self._tasks or self._active or self._decisions
-                           or self._prefills):
+                while not (self._closed or self._new or self._tasks or self._active or self._decisions):
                     self._wake.wait()
                 if self._closed:
                     break
@@ -267,8 +241,6 @@ class Scheduler:
                 self._drop_cancelled()
                 if task is not None:
                     self._run_task(*task)
-                if self._prefills:
-                    self._prefill_pass()
                 if self._decisions:
                     self._decision_pass()
                 if self._active:
@@ -285,10 +257,6 @@ class Scheduler:
             future.cancel()
         for _, future in list(self._decisions):
             self._settle(future, unloaded)
-        for _, future in self._prefills:
-            if future.set_running_or_notify_cancel():
-                future.set_exception(unloaded)
-        self._prefills.clear()
         if self._gen is not None:
             self._gen.close()
 
@@ -300,39 +268,6 @@ class Scheduler:
             future.set_result(step())
         except BaseException as exc:
             future.set_exception(exc)
-
-    def _prefill_pass(self) -> None:
-        """The waiting runs' prefixes: those that batch together up to `prefill_tokens`, else the first."""
-        with self._wake:
-            waiting = [(r, f) for r, f in self._prefills if not f.cancelled()]
-            self._prefills.clear()
-        if not waiting:
-            return
-        group = [waiting[0]]
-        if waiting[0][0].prefills_with_others:
-            tokens = waiting[0][0].prefix
-            for run, future in waiting[1:]:
-                if len(group) >= self.decision_rows or tokens + run.prefix > self.prefill_tokens:
-                    break
-                if run.prefills_with_others:
-                    group.append((run, future))
-                    tokens += run.prefix
-        rest = [(r, f) for r, f in waiting if all(f is not g for _, g in group)]
-        group = [(r, f) for r, f in group if f.set_running_or_notify_cancel()]
-        if not group:
-            with self._wake:
-                self._prefills[:0] = rest
-            return
-        try:
-            prefill_together([run for run, _ in group])
-        except Exception as exc:  # the pass failed: every request in it gets the error
-            for _, future in group:
-                future.set_exception(exc)
-        else:
-            for _, future in group:
-                future.set_result(None)
-        with self._wake:  # the others wait for the next turn, at the front, as they came
-            self._prefills[:0] = rest
 
     def _decision_pass(self) -> None:
         with self._wake:
@@ -390,7 +325,7 @@ class Scheduler:
 
         if self._gen is None:
             self._gen = BatchGenerator(self.model.model, completion_batch_size=self.rows,
-                                       prefill_batch_size=self.prefill_rows, prefill_step_size=self.prefill_step,
+                                       prefill_batch_size=min(8, self.rows), prefill_step_size=self.prefill_step,
                                        stream=stream)
             self._eos = StopSequences([[t] for t in sorted(self.model.eos_ids)])
         return self._gen

@@ -239,57 +239,6 @@ def test_questions_of_concurrent_requests_share_one_pass(name: str, request: pyt
             assert max(abs(p - q) for p, q in zip(x.probabilities, y.probabilities, strict=True)) < BOUNDS[name]
 
 
-@pytest.mark.parametrize("name", ["tiny", "smollm2"])
-def test_prefixes_of_concurrent_requests_are_prefilled_in_one_pass(name: str, request: pytest.FixtureRequest) -> None:
-    """Requests waiting for their prefix prefill are prefilled together (left-padded, as a GPU
-    scheduler does; its token budget is given here on the CPU), and score as each does alone."""
-    model = request.getfixturevalue(name)
-    questions = mixed_questions()
-    jobs = [DecisionJob(INPUT, questions[:5], 4096), DecisionJob(OTHER_INPUT, questions[5:9], 4096),
-            DecisionJob(INPUT[:300], questions[9:14], 4096)]
-    alone = [one_by_one(started(model, job)) for job in jobs]
-    calls: list[int] = []
-    inner = decide.prefill_together
-
-    def counted(runs):
-        calls.append(len(runs))
-        return inner(runs)
-
-    async def together() -> list[DecisionRun]:
-        scheduler = Scheduler(model, prompt_cache=None)
-        scheduler.prefill_tokens = 8 * 4096
-        try:
-            runs = [DecisionRun(model, job) for job in jobs]
-            for run in runs:
-                run.prepare()
-                assert run.prefills_with_others
-            gate = threading.Event()
-            held = scheduler.call(gate.wait)  # the model is busy while all three requests arrive
-            prefilling = [asyncio.ensure_future(scheduler.prefill(run)) for run in runs]
-            await asyncio.sleep(0.1)
-            gate.set()
-            await asyncio.wrap_future(held)
-            await asyncio.gather(*prefilling)
-            for run in runs:
-                await scheduler.score(run)
-            return runs
-        finally:
-            scheduler.close()
-
-    import swama.engine.serving.scheduler as scheduling
-
-    saved, scheduling.prefill_together = scheduling.prefill_together, counted
-    try:
-        runs = asyncio.run(together())
-    finally:
-        scheduling.prefill_together = saved
-    assert calls == [3]
-    for run, reference in zip(runs, alone, strict=True):
-        assert [c.offset for c in run.shared] == [run.prefix] * len(run.shared)
-        for x, y in zip(run.answers, reference, strict=True):
-            assert max(abs(p - q) for p, q in zip(x.probabilities, y.probabilities, strict=True)) < BOUNDS[name]
-
-
 def test_merged_prefixes_lay_out_what_mlx_lm_merges(tiny: LoadedModel) -> None:
     """A pass's prefix cache, built with one repeat per run, equals mlx-lm's row-by-row merge; and the
     rows of a pass come grouped by run, each run's questions in order."""
