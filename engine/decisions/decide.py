@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from swama.engine.decisions.heads import Head, fill_cache, head_split, logits_at
-from swama.engine.decisions.next_token import NextToken, reduce_rows
+from swama.engine.decisions.next_token import NextToken, PendingRows, launch_rows, reduce_rows
 from swama.engine.decisions.scorer import (
     CHAT_TEMPLATE_REQUIRED,
     DecisionError,
@@ -346,6 +346,7 @@ class DecisionRun:
         self.prepared: list[PreparedQuestion] = []
         self.answers: list[ScoredAnswer] = []
         self.prefix = 0
+        self.launched = 0  # questions handed to passes across runs (`launch_across`), answered or not
         self.vision_encodings = 0
         self.shared: Any = None  # a trimmable cache holding the shared prefix
         self._snapshot: list[Any] | None = None  # or the prefix state of a cache that cannot be trimmed
@@ -479,7 +480,8 @@ class DecisionRun:
         return self.batches and self.shared is not None
 
     def pending(self) -> list[PreparedQuestion]:
-        return self.prepared[len(self.answers):]
+        """The questions neither answered nor in a pass still computing (`launched`)."""
+        return self.prepared[max(len(self.answers), self.launched):]
 
     def _batch_logits(self, chunk: Sequence[PreparedQuestion]) -> Any:
         """Last-real-position logits of each question's suffix, [rows, vocab] float32, in one forward
@@ -555,11 +557,13 @@ def merged_prefixes(runs: Sequence[DecisionRun]) -> list[Any]:
     return merged
 
 
-def score_across(rows: Sequence[tuple[DecisionRun, PreparedQuestion]]) -> list[NextToken]:
-    """Reduced last-position logits of questions from different runs on one model, in one forward
-    pass: each row starts from its own run's shared prefix (merged left-padded, as mlx-lm
-    batches caches of different lengths) and its suffix is right-padded; the masks keep every row to
-    its own tokens. The runs' prefix caches are only read."""
+def launch_across(rows: Sequence[tuple[DecisionRun, PreparedQuestion]]) -> PendingRows:
+    """Reduced last-position logits of questions from different runs on one model (`rows` as
+    `pick_rows` gives them), in one forward pass queued on the device and not waited for, so the
+    next pass can be prepared while it runs; each run's `launched` counts the rows. Each row starts
+    from its own run's shared prefix (merged left-padded, as mlx-lm batches caches of different
+    lengths) and its suffix is right-padded; the masks keep every row to its own tokens. The runs'
+    prefix caches are only read."""
     import mlx.core as mx
 
     suffixes = [q.ids[run.prefix:] for run, q in rows]
@@ -571,4 +575,7 @@ def score_across(rows: Sequence[tuple[DecisionRun, PreparedQuestion]]) -> list[N
         layer.prepare(lengths=lengths, right_padding=[width - n for n in lengths])
     first = rows[0][0]
     logits = logits_at(first.net, first.split, tokens, cache, mx.arange(len(rows)), mx.array([n - 1 for n in lengths]))
-    return reduce_rows(logits, [q.label_ids for _, q in rows], first.state.opener_ids)
+    pending = launch_rows(logits, [q.label_ids for _, q in rows], first.state.opener_ids)
+    for run, _ in rows:
+        run.launched = max(run.launched, len(run.answers)) + 1
+    return pending

@@ -43,9 +43,27 @@ def _sum_rows(values: Any) -> Any:
     return mx.sum(mx.sum(padded.reshape(rows, -1, SUM_BLOCK), axis=-1), axis=-1)
 
 
-def reduce_rows(logits: Any, label_ids: Sequence[Sequence[int]], opener_ids: Sequence[int]) -> list[NextToken]:
-    """`logits` ([rows, vocab] float32 MLX array, lazy or not) reduced per row; `label_ids[i]` are
-    row i's label token ids. Label ids outside the vocabulary are a server error, as on the host."""
+class PendingRows:
+    """A pass's reductions, still computing on the device (`launch_rows`); `rows()` waits for them."""
+
+    def __init__(self, arrays: tuple[Any, Any, Any, Any], counts: list[int]) -> None:
+        self.arrays, self.counts = arrays, counts
+
+    def rows(self) -> list[NextToken]:
+        import mlx.core as mx
+
+        top, total, labels, opener = self.arrays
+        mx.eval(top, total, labels, opener)
+        tops, totals = np.array(top[:, 0], copy=False), np.array(total, copy=False)
+        values, hits = np.array(labels, copy=False), np.array(opener, copy=False)
+        return [NextToken(float(tops[r]), float(totals[r]), tuple(float(x) for x in values[r, :n]), bool(hits[r]))
+                for r, n in enumerate(self.counts)]
+
+
+def launch_rows(logits: Any, label_ids: Sequence[Sequence[int]], opener_ids: Sequence[int]) -> PendingRows:
+    """`logits` ([rows, vocab] float32 MLX array, lazy or not) reduced per row, the work queued on
+    the device (`mx.async_eval`) and not waited for; `label_ids[i]` are row i's label token ids.
+    Label ids outside the vocabulary are a server error, as on the host."""
     import mlx.core as mx
 
     rows, vocab = logits.shape
@@ -61,8 +79,10 @@ def reduce_rows(logits: Any, label_ids: Sequence[Sequence[int]], opener_ids: Seq
         opener = mx.any(logits[:, mx.array(openers, dtype=mx.int32)] == top, axis=-1)
     else:
         opener = mx.zeros((rows,), dtype=mx.bool_)
-    mx.eval(top, total, labels, opener)
-    tops, totals = np.array(top[:, 0], copy=False), np.array(total, copy=False)
-    values, hits = np.array(labels, copy=False), np.array(opener, copy=False)
-    return [NextToken(float(tops[r]), float(totals[r]), tuple(float(x) for x in values[r, :len(label_ids[r])]),
-                      bool(hits[r])) for r in range(rows)]
+    mx.async_eval(top, total, labels, opener)
+    return PendingRows((top, total, labels, opener), [len(ids) for ids in label_ids])
+
+
+def reduce_rows(logits: Any, label_ids: Sequence[Sequence[int]], opener_ids: Sequence[int]) -> list[NextToken]:
+    """`launch_rows`, waited for."""
+    return launch_rows(logits, label_ids, opener_ids).rows()

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from swama.engine.decisions.decide import DecisionRun, pick_rows, score_across
+from swama.engine.decisions.decide import DecisionRun, launch_across, pick_rows
 from swama.engine.errors import Cancelled, ContextTooLong, EngineError, Failed, Unavailable
 from swama.engine.model import LoadedModel
 from swama.engine.serving.prompt_cache import PromptCache, cacheable
@@ -128,6 +128,7 @@ class Scheduler:
         self._tasks: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = deque()
         self._active: dict[int, _Job] = {}
         self._decisions: list[tuple[DecisionRun, concurrent.futures.Future[None]]] = []
+        self._in_flight: Any = None  # the decision pass launched last turn, finished this turn
         self.decision_passes = 0  # batched passes that scored decision questions
         self._closed = False
         self._gen: Any = None
@@ -228,7 +229,8 @@ class Scheduler:
         stream = mx.default_stream(mx.default_device())
         while True:
             with self._wake:
-                while not (self._closed or self._new or self._tasks or self._active or self._decisions):
+                while not (self._closed or self._new or self._tasks or self._active or self._decisions
+                           or self._in_flight is not None):
                     self._wake.wait()
                 if self._closed:
                     break
@@ -241,7 +243,7 @@ class Scheduler:
                 self._drop_cancelled()
                 if task is not None:
                     self._run_task(*task)
-                if self._decisions:
+                if self._decisions or self._in_flight is not None:
                     self._decision_pass()
                 if self._active:
                     try:
@@ -257,6 +259,7 @@ class Scheduler:
             future.cancel()
         for _, future in list(self._decisions):
             self._settle(future, unloaded)
+        self._in_flight = None
         if self._gen is not None:
             self._gen.close()
 
@@ -270,31 +273,43 @@ class Scheduler:
             future.set_exception(exc)
 
     def _decision_pass(self) -> None:
+        """Launch the next batched pass, then finish the one launched last turn: the device always
+        has the next pass queued while the host turns the last one into answers."""
         with self._wake:
             self._decisions = [(r, f) for r, f in self._decisions if not f.done()]
             waiting = list(self._decisions)
-        if not waiting:
-            return
-        rows = pick_rows([run for run, _ in waiting], self.decision_rows)
         futures = {id(run): future for run, future in waiting}
+        launched = None
+        rows = pick_rows([run for run, _ in waiting], self.decision_rows) if waiting else []
+        if rows:
+            try:
+                launched = (rows, launch_across(rows), futures)
+            except Exception as exc:  # the pass failed: every request in it gets the error
+                for run in {id(r): r for r, _ in rows}.values():
+                    self._settle(futures[id(run)], exc)
+        if self._in_flight is not None:
+            self._finish_pass(*self._in_flight)
+        self._in_flight = launched
+
+    def _finish_pass(self, rows: list[tuple[DecisionRun, Any]], pending: Any,
+                     futures: dict[int, concurrent.futures.Future[None]]) -> None:
         try:
-            reduced = score_across(rows)
+            reduced = pending.rows()
         except Exception as exc:  # the pass failed: every request in it gets the error
             for run in {id(r): r for r, _ in rows}.values():
                 self._settle(futures[id(run)], exc)
             return
         self.decision_passes += 1
-        failed: set[int] = set()
         for (run, q), row in zip(rows, reduced, strict=True):
-            if id(run) in failed:
+            future = futures[id(run)]
+            if future.done():  # refused, failed or gone: the rest of its answers are not needed
                 continue
             try:
                 run.accept(q, row)
             except Exception as exc:  # this request's refusal (a reasoning opener): only it fails
-                failed.add(id(run))
-                self._settle(futures[id(run)], exc)
-        for run, future in waiting:
-            if run.done and id(run) not in failed:
+                self._settle(future, exc)
+                continue
+            if run.done:
                 self._settle(future, None)
 
     def _settle(self, future: concurrent.futures.Future[None], error: BaseException | None) -> None:

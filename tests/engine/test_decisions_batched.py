@@ -259,3 +259,56 @@ def test_merged_prefixes_lay_out_what_mlx_lm_merges(tiny: LoadedModel) -> None:
         assert mx.array_equal(layer.keys, theirs.keys) and mx.array_equal(layer.values, theirs.values)
         assert layer.left_padding.tolist() == theirs.left_padding.tolist()
         assert layer.offset.tolist() == theirs.offset.tolist() and layer._idx == theirs._idx
+
+
+def test_passes_overlap_and_answer_as_alone(tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With three rows a pass, 14 questions of three requests take five passes, each launched before
+    the one before it is finished; every request gets the answers it gets alone."""
+    import swama.engine.serving.scheduler as scheduling
+
+    questions = mixed_questions()
+    jobs = [DecisionJob(INPUT, questions[:5], 4096), DecisionJob(OTHER_INPUT, questions[5:9], 4096),
+            DecisionJob(INPUT[:300], questions[9:14], 4096)]
+    alone = [one_by_one(started(tiny, job)) for job in jobs]
+    order: list[str] = []
+    launch = scheduling.launch_across
+
+    def launched(rows):
+        order.append("launch")
+        return launch(rows)
+
+    monkeypatch.setattr(scheduling, "launch_across", launched)
+
+    async def together() -> tuple[list[DecisionRun], int]:
+        scheduler = Scheduler(tiny, prompt_cache=None)
+        scheduler.decision_rows = 3
+        finish = scheduler._finish_pass
+
+        def finished(*args):
+            order.append("finish")
+            return finish(*args)
+
+        scheduler._finish_pass = finished  # type: ignore[method-assign]
+        try:
+            runs = [DecisionRun(tiny, job) for job in jobs]
+            for run in runs:
+                await scheduler.run(run.start)
+            gate = threading.Event()
+            held = scheduler.call(gate.wait)
+            scoring = [asyncio.ensure_future(scheduler.score(run)) for run in runs]
+            await asyncio.sleep(0.1)
+            gate.set()
+            await asyncio.wrap_future(held)
+            await asyncio.gather(*scoring)
+            return runs, scheduler.decision_passes
+        finally:
+            scheduler.close()
+
+    runs, passes = asyncio.run(together())
+    assert passes == 5
+    assert order == ["launch", "launch", "finish", "launch", "finish", "launch", "finish", "launch", "finish",
+                     "finish"]
+    for run, reference in zip(runs, alone, strict=True):
+        assert len(run.answers) == len(reference)
+        for x, y in zip(run.answers, reference, strict=True):
+            assert max(abs(p - q) for p, q in zip(x.probabilities, y.probabilities, strict=True)) < BOUND
