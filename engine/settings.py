@@ -111,8 +111,9 @@ class EngineSettings(StoreSettings):
               "instead of sharing one prefill of the common prefix", env="SWAMA_DECISION_PREFIX_CACHE",
         flags=("--no-decision-prefix-cache",))
     profile_dir: Path | None = option(
-        None, "write a cProfile of each model's scheduler thread (the one thread that drives the device) "
-              "into this folder when the model unloads or the server stops, for `python -m pstats`",
+        None, "write a cProfile taken on each model's scheduler thread (the one thread that drives the device; "
+              "from Python 3.12 it records every thread) into this folder when the model unloads or the server "
+              "stops, for `python -m pstats`",
         metavar="DIR")
 
     def prompt_cache_budget(self) -> int:
