@@ -15,7 +15,7 @@ the SiLU of the gated MLP. On the CPU this module replaces both, with the same m
 
 Results match MLX's own kernels to float32 rounding (tests/engine/test_cpu_forward.py). `install`
 swaps these functions into the model's mlx-lm module; quantized caches, attention sinks and small
-problems (a decode step) keep mlx-lm's path.
+problems (a decode step, where MLX's fused kernels win) keep mlx-lm's path.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from typing import Any
 
 BLOCK = 64  # query rows per block: smaller skips more of the masked half, at more dispatch
 MIN_SCORES = 1 << 16  # below this many scores (batch x heads x queries x keys) MLX's kernel is as fast
+MIN_QUERIES = 8  # fewer queries a row (a decode step) stay on MLX's fused kernel, which is faster there
+MIN_ELEMENTS = 1 << 16  # a smaller SwiGLU stays on mlx-lm's compiled one (one kernel beats five small ones)
 LOG2E = 1.0 / math.log(2.0)
 _local = threading.local()
 
@@ -44,9 +46,12 @@ def cpu_streams() -> list[Any]:
 
 
 def swiglu(gate: Any, x: Any) -> Any:
-    """`silu(gate) * x`, its sigmoid through `power`."""
+    """`silu(gate) * x`, its sigmoid through `power` (a prompt's); a decode step's through mlx-lm."""
     import mlx.core as mx
+    from mlx_lm.models.activations import swiglu as compiled
 
+    if gate.size < MIN_ELEMENTS:
+        return compiled(gate, x)
     return gate / (1.0 + mx.power(2.0, gate * -LOG2E)) * x
 
 
@@ -89,7 +94,8 @@ def attention(queries: Any, keys: Any, values: Any, cache: Any, scale: float, ma
 
     batch, heads, length, _ = queries.shape
     keys_length = keys.shape[2]
-    if (hasattr(cache, "bits") or sinks is not None or batch * heads * length * keys_length < MIN_SCORES
+    if (hasattr(cache, "bits") or sinks is not None or length < MIN_QUERIES
+            or batch * heads * length * keys_length < MIN_SCORES
             or not (mask is None or mask == "causal" if isinstance(mask, str) else isinstance(mask, mx.array))):
         return whole(queries, keys, values, cache, scale, mask, sinks)
     streams = cpu_streams()

@@ -53,14 +53,18 @@ def test_no_mask_and_small_problems():
     q, k, v = _qkv(2, 4, 4, 100, 100, seed=2)
     _close(cpu_forward.attention(q, k, v, None, 0.3, None),
            mx.fast.scaled_dot_product_attention(q, k, v, scale=0.3))
-    q, k, v = _qkv(2, 4, 2, 1, 90, seed=3)  # a decode step: MLX's own kernel
-    _close(cpu_forward.attention(q, k, v, None, 0.3, None), mx.fast.scaled_dot_product_attention(q, k, v, scale=0.3))
+    q, k, v = _qkv(16, 8, 2, 1, 2000, seed=3)  # a decode step of 16 rows: MLX's own kernel, bit for bit
+    assert mx.array_equal(cpu_forward.attention(q, k, v, None, 0.3, None),
+                          mx.fast.scaled_dot_product_attention(q, k, v, scale=0.3))
 
 
 def test_swiglu_matches_mlx():
     mx.random.seed(4)
-    gate, x = mx.random.normal((3, 70, 96)) * 6, mx.random.normal((3, 70, 96))
+    gate, x = mx.random.normal((3, 160, 256)) * 6, mx.random.normal((3, 160, 256))  # a prompt's: through power
+    assert gate.size >= cpu_forward.MIN_ELEMENTS
     _close(cpu_forward.swiglu(gate, x), activations.swiglu(gate, x))
+    small = gate[:1, :1]  # a decode step's: mlx-lm's compiled kernel, bit for bit
+    assert mx.array_equal(cpu_forward.swiglu(small, x[:1, :1]), activations.swiglu(small, x[:1, :1]))
 
 
 def test_install_swaps_the_module_functions_once(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -202,25 +203,28 @@ def test_batch_chunks() -> None:
 OTHER_INPUT = "Customer: the app crashes when I open settings; it started after the last update."
 
 
-@pytest.mark.parametrize("name", ["tiny", "smollm2"])
-def test_questions_of_concurrent_requests_share_one_pass(name: str, request: pytest.FixtureRequest) -> None:
-    """Three requests with different inputs (prefixes of different lengths) waiting on one model are
-    scored in one batched pass, with the answers each gets alone."""
-    model = request.getfixturevalue(name)
+def three_jobs() -> list[DecisionJob]:
+    """Three requests with different inputs (prefixes of different lengths), 14 questions in all."""
     questions = mixed_questions()
-    jobs = [DecisionJob(INPUT, questions[:5], 4096), DecisionJob(OTHER_INPUT, questions[5:9], 4096),
+    return [DecisionJob(INPUT, questions[:5], 4096), DecisionJob(OTHER_INPUT, questions[5:9], 4096),
             DecisionJob(INPUT[:300], questions[9:14], 4096)]
-    alone = [one_by_one(started(model, job)) for job in jobs]
+
+
+def scored_together(model: LoadedModel, jobs: list[DecisionJob],
+                    setup: Callable[[Scheduler], None] = lambda _: None) -> tuple[list[DecisionRun], int]:
+    """The jobs' runs started, then scored through one scheduler (after `setup(scheduler)`) while
+    the model is held busy until all of them wait; the runs and the scheduler's pass count."""
 
     async def together() -> tuple[list[DecisionRun], int]:
         scheduler = Scheduler(model, prompt_cache=None)
+        setup(scheduler)
         try:
             runs = [DecisionRun(model, job) for job in jobs]
             for run in runs:
                 await scheduler.run(run.start)
             assert all(run.joins_others for run in runs)
             gate = threading.Event()
-            held = scheduler.call(gate.wait)  # the model is busy while all three requests arrive
+            held = scheduler.call(gate.wait)  # the model is busy while all the requests arrive
             scoring = [asyncio.ensure_future(scheduler.score(run)) for run in runs]
             await asyncio.sleep(0.1)
             gate.set()
@@ -230,13 +234,27 @@ def test_questions_of_concurrent_requests_share_one_pass(name: str, request: pyt
         finally:
             scheduler.close()
 
-    runs, passes = asyncio.run(together())
-    assert passes == 1  # 14 questions of three requests, one pass
-    assert len({run.prefix for run in runs}) == 3  # three different prefixes shared one batch
+    return asyncio.run(together())
+
+
+def assert_as_alone(runs: list[DecisionRun], alone: list[list[ScoredAnswer]], bound: float) -> None:
     for run, reference in zip(runs, alone, strict=True):
         assert len(run.answers) == len(reference)
         for x, y in zip(run.answers, reference, strict=True):
-            assert max(abs(p - q) for p, q in zip(x.probabilities, y.probabilities, strict=True)) < BOUNDS[name]
+            assert max(abs(p - q) for p, q in zip(x.probabilities, y.probabilities, strict=True)) < bound
+
+
+@pytest.mark.parametrize("name", ["tiny", "smollm2"])
+def test_questions_of_concurrent_requests_share_one_pass(name: str, request: pytest.FixtureRequest) -> None:
+    """Three requests waiting on one model are scored in one batched pass, with the answers each gets
+    alone."""
+    model = request.getfixturevalue(name)
+    jobs = three_jobs()
+    alone = [one_by_one(started(model, job)) for job in jobs]
+    runs, passes = scored_together(model, jobs)
+    assert passes == 1  # 14 questions of three requests, one pass
+    assert len({run.prefix for run in runs}) == 3  # three different prefixes shared one batch
+    assert_as_alone(runs, alone, BOUNDS[name])
 
 
 def test_merged_prefixes_lay_out_what_mlx_lm_merges(tiny: LoadedModel) -> None:
@@ -266,9 +284,7 @@ def test_passes_overlap_and_answer_as_alone(tiny: LoadedModel, monkeypatch: pyte
     the one before it is finished; every request gets the answers it gets alone."""
     import swama.engine.serving.scheduler as scheduling
 
-    questions = mixed_questions()
-    jobs = [DecisionJob(INPUT, questions[:5], 4096), DecisionJob(OTHER_INPUT, questions[5:9], 4096),
-            DecisionJob(INPUT[:300], questions[9:14], 4096)]
+    jobs = three_jobs()
     alone = [one_by_one(started(tiny, job)) for job in jobs]
     order: list[str] = []
     launch = scheduling.launch_across
@@ -279,8 +295,7 @@ def test_passes_overlap_and_answer_as_alone(tiny: LoadedModel, monkeypatch: pyte
 
     monkeypatch.setattr(scheduling, "launch_across", launched)
 
-    async def together() -> tuple[list[DecisionRun], int]:
-        scheduler = Scheduler(tiny, prompt_cache=None)
+    def setup(scheduler: Scheduler) -> None:
         scheduler.decision_rows = 3
         finish = scheduler._finish_pass
 
@@ -289,26 +304,9 @@ def test_passes_overlap_and_answer_as_alone(tiny: LoadedModel, monkeypatch: pyte
             return finish(*args)
 
         scheduler._finish_pass = finished  # type: ignore[method-assign]
-        try:
-            runs = [DecisionRun(tiny, job) for job in jobs]
-            for run in runs:
-                await scheduler.run(run.start)
-            gate = threading.Event()
-            held = scheduler.call(gate.wait)
-            scoring = [asyncio.ensure_future(scheduler.score(run)) for run in runs]
-            await asyncio.sleep(0.1)
-            gate.set()
-            await asyncio.wrap_future(held)
-            await asyncio.gather(*scoring)
-            return runs, scheduler.decision_passes
-        finally:
-            scheduler.close()
 
-    runs, passes = asyncio.run(together())
+    runs, passes = scored_together(tiny, jobs, setup)
     assert passes == 5
     assert order == ["launch", "launch", "finish", "launch", "finish", "launch", "finish", "launch", "finish",
                      "finish"]
-    for run, reference in zip(runs, alone, strict=True):
-        assert len(run.answers) == len(reference)
-        for x, y in zip(run.answers, reference, strict=True):
-            assert max(abs(p - q) for p, q in zip(x.probabilities, y.probabilities, strict=True)) < BOUND
+    assert_as_alone(runs, alone, BOUND)
