@@ -15,10 +15,11 @@ they finish, between steps. Each turn of the loop:
    `prefill_step` tokens for rows still reading their prompts, so a long prompt never freezes the
    streams already generating.
 
-After each step the new tokens of all rows go to the event loop in one call, and each row's
+After each step the new tokens of all rows go to the event loop in one call. On a GPU each row's
 `Decoder` turns them into events there (detokenizing, stop sequences, tool calls), so the thread
-that drives the device does no text work; a row whose decoder meets a stop sequence is taken out
-at the next turn, as a cancelled one is. A model whose
+that drives the device does no text work; on the CPU, whose cores are the device, the decoders run
+on this thread between steps and the events go in that one call. A row whose decoder meets a stop
+sequence is taken out at the next turn, as a cancelled one is. A model whose
 caches cannot be merged into a batch, and every model with batching turned off, runs each request
 alone as a task on the same thread: one at a time, in arrival order.
 """
@@ -40,6 +41,7 @@ from typing import Any, TypeVar
 from swama.engine.decisions.decide import DecisionRun, launch_across, pick_rows
 from swama.engine.errors import Cancelled, ContextTooLong, EngineError, Failed, Unavailable
 from swama.engine.model import LoadedModel
+from swama.engine.runtime import on_gpu
 from swama.engine.serving.prompt_cache import PromptCache, cacheable
 from swama.engine.serving.threads import THREADS, in_thread
 from swama.engine.settings import CPU_PREFILL_STEP, GPU_PREFILL_STEP, default_of
@@ -61,8 +63,6 @@ DECISION_ROWS = 16  # decision questions scored in one batched pass between batc
 
 def default_prefill_step() -> int:
     """Prompt tokens read per step when --prefill-step is not given: the device's (engine/settings.py)."""
-    from swama.engine.runtime import on_gpu
-
     return GPU_PREFILL_STEP if on_gpu() else CPU_PREFILL_STEP
 
 
@@ -82,33 +82,40 @@ class _Job:
     cancelled: threading.Event = field(default_factory=threading.Event)  # client gone, or a stop sequence met
     submitted: float = field(default_factory=time.perf_counter)
     ids: list[int] = field(default_factory=list)  # the rendered prompt
-    decoder: Decoder | None = None  # used on the event loop's thread only
+    decoder: Decoder | None = None  # used on one thread only: the event loop's or the scheduler's
     reused: int = 0
-    ended: bool = False  # its last event is queued (event loop's thread)
+    ended: bool = False  # its last event is decoded
 
     def post(self, item: Any) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
-    def deliver(self, token: int, finish_reason: str | None) -> None:
-        """On the event loop: one generated token (and the generator's finish reason) into events."""
+    def decode(self, token: int, finish_reason: str | None) -> list[Any]:
+        """One generated token (and the generator's finish reason) into the items for the queue."""
         if self.ended:
-            return
-        put = self.queue.put_nowait
-        for event in self.decoder.token(token):
-            put(event)
+            return []
+        items: list[Any] = self.decoder.token(token)
         reason = self.decoder.finish_reason or finish_reason
         if reason is not None:
             self.ended = True
             if finish_reason is None:
                 self.cancelled.set()  # a stop sequence: the scheduler takes the row out next turn
-            for event in self.decoder.finish(reason, self.reused):
-                put(event)
-            put(_DONE)
+            items += self.decoder.finish(reason, self.reused)
+            items.append(_DONE)
+        return items
 
 
-def _deliver(tokens: list[tuple[_Job, int, str | None]]) -> None:
+def _put(decoded: list[tuple[_Job, list[Any]]]) -> None:
+    """On the event loop: a step's decoded items into their jobs' queues."""
+    for job, items in decoded:
+        for item in items:
+            job.queue.put_nowait(item)
+
+
+def _decode_and_put(tokens: list[tuple[_Job, int, str | None]]) -> None:
+    """On the event loop: a step's tokens decoded, then into their jobs' queues."""
     for job, token, finish_reason in tokens:
-        job.deliver(token, finish_reason)
+        for item in job.decode(token, finish_reason):
+            job.queue.put_nowait(item)
 
 
 class Scheduler:
@@ -123,6 +130,10 @@ class Scheduler:
         self.prefill_step = prefill_step or default_prefill_step()
         # A device given more rows to generate for takes as many decision questions in one pass.
         self.decision_rows = max(DECISION_ROWS, rows or default_of("batch_rows"))
+        # Tokens become text on the event loop on a GPU, so the thread that drives it does no text
+        # work; on the CPU, whose cores are the device, on this thread between steps (text work
+        # running beside a step only takes a core from it).
+        self.decode_on_loop = on_gpu()
         self._wake = threading.Condition()
         self._new: deque[_Job] = deque()
         self._tasks: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = deque()
@@ -388,17 +399,20 @@ class Scheduler:
 
     def _step(self) -> None:
         _, responses = self._gen.next()
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Job, int, str | None]]] = {}
+        by_loop: dict[asyncio.AbstractEventLoop, list[Any]] = {}
         for r in responses:
             job = self._active.get(r.uid)
             if job is None:
                 continue
-            by_loop.setdefault(job.loop, []).append((job, int(r.token), r.finish_reason))
+            token = int(r.token)
+            item = (job, token, r.finish_reason) if self.decode_on_loop else (job, job.decode(token, r.finish_reason))
+            by_loop.setdefault(job.loop, []).append(item)
             if r.finish_reason is not None:  # end of sequence or max tokens: the row has left the batch
                 self._active.pop(r.uid)
                 self._keep((r.prompt_cache, r.all_tokens))
-        for loop, tokens in by_loop.items():  # one wake-up of each event loop per step
-            loop.call_soon_threadsafe(_deliver, tokens)
+        deliver = _decode_and_put if self.decode_on_loop else _put
+        for loop, items in by_loop.items():  # one wake-up of each event loop per step
+            loop.call_soon_threadsafe(deliver, items)
 
     def _fail_all(self, error: EngineError) -> None:
         for job in self._active.values():

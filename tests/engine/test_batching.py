@@ -69,9 +69,12 @@ async def _collect(scheduler: Scheduler, request: ChatRequest) -> tuple[str, Fin
     return text, finished
 
 
-def _batched(model: LoadedModel, requests: list[ChatRequest], rows: int = 16) -> list[tuple[str, Finished]]:
+def _batched(model: LoadedModel, requests: list[ChatRequest], rows: int = 16,
+             decode_on_loop: bool | None = None) -> list[tuple[str, Finished]]:
     async def run() -> list[tuple[str, Finished]]:
         scheduler = Scheduler(model, prompt_cache=None, rows=rows, prefill_step=16)
+        if decode_on_loop is not None:
+            scheduler.decode_on_loop = decode_on_loop
         try:
             return await asyncio.gather(*(_collect(scheduler, r) for r in requests))
         finally:
@@ -140,6 +143,20 @@ def test_batched_rows_give_the_tokens_each_request_gives_alone(model: LoadedMode
     together = _batched(model, requests)
     for request, single, (_, batched) in zip(requests, alone, together, strict=True):
         _assert_same(model, request, single, batched)
+
+
+def test_tokens_decoded_on_the_event_loop_give_the_same_events(model: LoadedModel) -> None:
+    """Where tokens become text (the event loop, as on a GPU, or the scheduler's thread, as on the
+    CPU) changes no event, a stop sequence's cut included."""
+    first = _batched(model, [_request(PROMPTS[0], max_tokens=24)], decode_on_loop=False)[0]
+    stop = first[0].split()[2] if len(first[0].split()) > 2 else first[0][:3]
+    requests = [_request(p, max_tokens=24) for p in PROMPTS[:3]]
+    requests[0].stop = [stop]
+    here = _batched(model, requests, decode_on_loop=False)
+    there = _batched(model, requests, decode_on_loop=True)
+    assert here[0][1].finish_reason == "stop" and stop not in here[0][0]
+    for (text_a, a), (text_b, b) in zip(here, there, strict=True):
+        assert (text_a, a.finish_reason, a.token_ids) == (text_b, b.finish_reason, b.token_ids)
 
 
 def test_rows_joining_and_leaving_midway_keep_their_tokens(model: LoadedModel) -> None:
