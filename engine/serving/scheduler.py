@@ -8,9 +8,10 @@ they finish, between steps. Each turn of the loop:
    matching prefix;
 2. rows whose client went away are removed, and their key/value state goes back to the prompt cache;
 3. one queued task runs (a decision request's prefix prefill), so decisions share the model
-   fairly, and one batched pass scores the pending questions of every decision request
-   waiting on the model together (up to `decision_rows` rows: `DECISION_ROWS`, or `--batch-rows`
-   when that is larger; round robin over the requests);
+   fairly; then one batched pass is launched on the pending questions of every decision request
+   waiting on the model (up to `decision_rows` rows: `DECISION_ROWS`, or `--batch-rows` when that
+   is larger; round robin over the requests), and the pass launched last turn is read back into
+   answers while the new one computes;
 4. one batch step: a decode token for every generating row, plus one prefill chunk of at most
    `prefill_step` tokens for rows still reading their prompts, so a long prompt never freezes the
    streams already generating.
