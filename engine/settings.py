@@ -116,6 +116,19 @@ class EngineSettings(StoreSettings):
               "stops, for `python -m pstats`",
         metavar="DIR")
 
+    @field_validator("profile_dir")
+    @classmethod
+    def _profile_dir(cls, value: Path | None) -> Path | None:
+        """Refused at start, not when the first profile is written: the folder (or the nearest
+        folder above it that exists, where it will be made) must be a writable folder."""
+        if value is None:
+            return None
+        value = value.expanduser()
+        existing = next(p for p in (value, *value.parents) if p.exists())
+        if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+            raise ValueError(f"cannot write profiles into {str(value)!r}: {str(existing)!r} is not a writable folder")
+        return value
+
     def prompt_cache_budget(self) -> int:
         """Bytes of prompt cache per model (0: none)."""
         if not self.prompt_cache:

@@ -68,6 +68,15 @@ def test_a_value_out_of_bounds_is_refused_naming_the_flag(monkeypatch: pytest.Mo
         read(RuntimeSettings)
 
 
+def test_a_profile_folder_that_cannot_be_written_is_refused_at_start(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(SettingsError, match="cannot write profiles into .*is not a writable folder"):
+        read(EngineSettings, profile_dir=blocker / "profiles")
+    later = tmp_path / "not-yet" / "profiles"  # made when the first profile is written
+    assert read(EngineSettings, profile_dir=later).profile_dir == later
+
+
 def test_the_legacy_variables_keep_their_meaning(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SWAMA_PROMPT_CACHE", "0")
     monkeypatch.setenv("SWAMA_DECISION_PREFIX_CACHE", "0")
