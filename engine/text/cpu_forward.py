@@ -94,9 +94,9 @@ def attention(queries: Any, keys: Any, values: Any, cache: Any, scale: float, ma
 
     batch, heads, length, _ = queries.shape
     keys_length = keys.shape[2]
-    if (hasattr(cache, "bits") or sinks is not None or length < MIN_QUERIES
-            or batch * heads * length * keys_length < MIN_SCORES
-            or not (mask is None or mask == "causal" if isinstance(mask, str) else isinstance(mask, mx.array))):
+    known_mask = mask is None or isinstance(mask, mx.array) or (isinstance(mask, str) and mask == "causal")
+    if (hasattr(cache, "bits") or sinks is not None or not known_mask or length < MIN_QUERIES
+            or batch * heads * length * keys_length < MIN_SCORES):
         return whole(queries, keys, values, cache, scale, mask, sinks)
     streams = cpu_streams()
     causal = isinstance(mask, str)
