@@ -510,7 +510,8 @@ def pick_rows(runs: Sequence[DecisionRun], max_rows: int) -> list[tuple[Decision
     token_bytes = [kv_bytes_per_token(run.shared) for run in runs]
     taken: list[tuple[int, PreparedQuestion]] = []
     width = prefix = 0
-    while len(taken) < max_rows and any(queues):
+    full = False
+    while not full and len(taken) < max_rows and any(queues):
         for r, (run, queue) in enumerate(zip(runs, queues, strict=True)):
             if not queue or len(taken) >= max_rows:
                 continue
@@ -519,7 +520,7 @@ def pick_rows(runs: Sequence[DecisionRun], max_rows: int) -> list[tuple[Decision
             n = len(taken) + 1
             if taken and (n * w * run.position_bytes > run.batch_logits_bytes
                           or n * (p + w) * token_bytes[r] > run.batch_cache_bytes):
-                queues = [[]] * len(runs)  # full: stop taking
+                full = True
                 break
             taken.append((r, queue.pop(0)))
             width, prefix = w, p
@@ -545,10 +546,10 @@ def merged_prefixes(runs: Sequence[DecisionRun]) -> list[Any]:
     for i in range(len(runs[0].shared)):
         keys, values = [], []
         for run, count in groups:
-            k, v = run.shared[i].keys_and_values()
-            pad = [(0, 0), (0, 0), (longest - run.prefix, 0), (0, 0)]
-            keys.append(mx.repeat(mx.pad(k, pad), count, axis=0))
-            values.append(mx.repeat(mx.pad(v, pad), count, axis=0))
+            for kept, part in zip((keys, values), run.shared[i].keys_and_values(), strict=True):
+                if run.prefix < longest:
+                    part = mx.pad(part, [(0, 0), (0, 0), (longest - run.prefix, 0), (0, 0)])
+                kept.append(mx.repeat(part, count, axis=0) if count > 1 else part)
         layer = BatchKVCache([longest - run.prefix for run in runs])
         layer.keys, layer.values = mx.concatenate(keys), mx.concatenate(values)
         layer.offset = layer.offset + longest

@@ -114,9 +114,7 @@ def _put(decoded: list[tuple[_Job, list[Any]]]) -> None:
 
 def _decode_and_put(tokens: list[tuple[_Job, int, str | None]]) -> None:
     """On the event loop: a step's tokens decoded, then into their jobs' queues."""
-    for job, token, finish_reason in tokens:
-        for item in job.decode(token, finish_reason):
-            job.queue.put_nowait(item)
+    _put([(job, job.decode(token, finish_reason)) for job, token, finish_reason in tokens])
 
 
 class Scheduler:
