@@ -60,6 +60,16 @@ from swama.engine.kinds.speech import Segment as SpeechSegment
 from swama.engine.kinds.tasks import IMAGES_NEED_VISION, Task, require
 from swama.engine.kinds.transcription import SAMPLE_RATE, Transcript
 from swama.engine.kinds.transcription import Segment as TranscriptSegment
+from swama.engine.ranks.group import (
+    EXIT_GROUP_FAILED,
+    FAILURE_LINE,
+    READY_LINE,
+    STARTUP_TIMEOUT,
+    GroupFailed,
+    RankGroup,
+)
+from swama.engine.ranks.group import current as current_group
+from swama.engine.ranks.group import join as join_group
 from swama.engine.serving.engine import EngineStatus
 from swama.engine.settings import (
     DEVICE_CHOICES,
@@ -88,6 +98,9 @@ from swama.engine.text.generator import (
 from swama.engine.text.tool_calls import ToolCall
 
 __all__ = [
+    # ranks: one model split across processes
+    "EXIT_GROUP_FAILED", "FAILURE_LINE", "READY_LINE", "STARTUP_TIMEOUT", "GroupFailed", "RankGroup", "current_group",
+    "follow_group", "group_backend", "join_group", "split_of",
     # constants
     "CLIENT_CLOSED", "DECISION", "DEFAULT_MODEL", "DEFAULT_TEMPERATURE", "DEFAULT_TOP_P", "DEVICE_CHOICES",
     "DTYPE_CHOICES", "EMBEDDING", "IMAGES_NEED_VISION", "KINDS", "LANGUAGE", "NO_SPEECH", "OUT_OF_RANGE",
@@ -154,6 +167,9 @@ class EngineClient(Protocol):
 
     async def transcribe(self, model_id: str, audio: Any, *, language: str | None = None,
                          prompt: str | None = None, temperature: float = 0.0) -> Transcript: ...
+
+    async def start(self) -> None:
+        """Load what must be loaded before the first request (a rank group's model on rank 0)."""
 
     async def close(self) -> None: ...
 
@@ -237,3 +253,25 @@ def startup_note() -> str | None:
     from swama.engine.runtime import slow_blas_note
 
     return slow_blas_note()
+
+
+def group_backend(requested: str) -> str:
+    """The MLX distributed backend for ranks: `requested`, or for "auto" NCCL on an NVIDIA GPU, else ring."""
+    from swama.engine.runtime import on_gpu
+
+    return requested if requested != "auto" else ("nccl" if on_gpu() else "ring")
+
+
+def split_of(path: Path, ranks: int, backend: str) -> str:
+    """How the model in `path` splits across `ranks` ranks ("tensor" or "pipeline"); BadInput naming
+    what is supported when it cannot."""
+    from swama.engine.ranks.sharding import plan
+
+    return plan(path, ranks, backend)
+
+
+def follow_group(settings: EngineSettings, model_id: str) -> None:
+    """On a rank other than 0: load this rank's shard of `model_id` and run rank 0's steps for good."""
+    from swama.engine.serving.follower import follow
+
+    follow(settings, model_id)

@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # each field's owner; imported for the annotations only
     from swama.engine.decisions.decide import DecisionState
     from swama.engine.kinds.embeddings import EmbeddingSpec
     from swama.engine.kinds.vision import VisionSupport
+    from swama.engine.ranks.group import RankGroup
     from swama.engine.serving.prompt_cache import PromptCache
     from swama.engine.serving.scheduler import Scheduler
 
@@ -49,6 +50,7 @@ class LoadedModel:
     vision: VisionSupport | None = None  # vision-language models: processor and image encoder
     checkpoint: DecisionCheckpoint | None = None  # decision checkpoints: their own decision head
     embedding: EmbeddingSpec | None = None  # embedding models: width, longest input, padding
+    group: RankGroup | None = None  # a model split across ranks: the group holding the other shards
     state: ModelState = field(default_factory=ModelState)
 
     def network(self) -> Any:

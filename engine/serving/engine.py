@@ -24,6 +24,8 @@ from swama.engine.kinds.speech import Segment, Voices, synthesize, voices_of
 from swama.engine.kinds.tasks import Task, require
 from swama.engine.kinds.transcription import Transcript, check_language, language_of, transcribe
 from swama.engine.model import LoadedModel
+from swama.engine.ranks import group as ranks
+from swama.engine.ranks.group import STARTUP_TIMEOUT
 from swama.engine.runtime import compute_dtype, loaded_blas
 from swama.engine.serving.pool import ModelPool
 from swama.engine.serving.prompt_cache import PromptCache
@@ -43,6 +45,14 @@ class EngineStatus:
     blas: str  # the CPU BLAS in use: "mkl", "openblas" or "bundled"
     active_memory: int  # bytes MLX holds in live arrays
     cache_memory: int  # bytes MLX's buffer cache keeps for reuse
+    kv_cache_bytes: int = 0  # key/value state held: batch rows and prompt caches, all models
+    kv_cache_budget: int = 0  # the prompt caches' budget, all models: what key/value state may keep
+    ranks: dict[str, Any] | None = None  # the rank group this process serves a model with (RankGroup.status)
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """The share of the key/value budget in use, 0 to 1 (what inference gateways route on)."""
+        return min(1.0, self.kv_cache_bytes / self.kv_cache_budget) if self.kv_cache_budget else 0.0
 
 
 class Engine:
@@ -86,8 +96,29 @@ class Engine:
     def status(self) -> EngineStatus:
         import mlx.core as mx
 
+        group = ranks.current()
+        held = budget = 0
+        for model in self.pool.loaded_models():
+            if model.state.prompt_cache is not None:
+                held += model.state.prompt_cache.nbytes
+                budget += model.state.prompt_cache.budget
+            if model.state.scheduler is not None:
+                held += model.state.scheduler.kv_bytes()
         return EngineStatus(self.pool.loaded(), self.pool.running(), self.pool.waiting(), self._blas,
-                            int(mx.get_active_memory()), int(mx.get_cache_memory()))
+                            int(mx.get_active_memory()), int(mx.get_cache_memory()), held, budget,
+                            group.status() if group is not None else None)
+
+    async def start(self) -> None:
+        """Load what must be there before the first request: on rank 0 of a group, the model the
+        ranks split (the others load their shards at start and wait for rank 0's first turn)."""
+        group = ranks.current()
+        if group is None or group.model_id is None:
+            return
+        self.pool.pin(group.model_id, group.size)
+        async with self.pool.share(group.model_id, self._rows()) as model:
+            self._scheduler(model)
+        # Serve once every rank has loaded its shard and joined a step (each wait is bounded).
+        await in_thread(lambda: group.ready.wait(STARTUP_TIMEOUT))
 
     # -- text ------------------------------------------------------------------------------------
 
@@ -155,13 +186,16 @@ class Engine:
                 scheduler = self._scheduler(model)
                 run = DecisionRun(model, job, prefix_reuse=reuse)
                 await in_thread(run.prepare)  # templates, tokenizing and label checks: off the model's thread
-                await scheduler.run(run.prefill)
-                if run.joins_others and not run.done:
-                    await scheduler.score(run)  # in passes shared with concurrent decision requests
-                while not run.done:
-                    # The suffixes in batched passes, a few rows a turn: the decode steps of other
-                    # requests on the model go on between the turns.
-                    await scheduler.run(lambda: run.score_batch(max_rows=DECISION_ROWS))
+                try:
+                    await scheduler.prefill(run)
+                    if run.joins_others and not run.done:
+                        await scheduler.score(run)  # in passes shared with concurrent decision requests
+                    while not run.done:
+                        # The suffixes in batched passes, a few rows a turn: the decode steps of other
+                        # requests on the model go on between the turns.
+                        await scheduler.score_batch(run, DECISION_ROWS)
+                finally:
+                    scheduler.forget(run)
         else:
             while run is None or not run.done:
                 async with self.pool.use(model_id, admit=run is None) as model:

@@ -76,6 +76,7 @@ class ModelPool:
         self.float_bytes = float_bytes  # floating weights are cast to this size at load (None: as stored)
         self._slots = asyncio.Semaphore(self.max_concurrent)
         self._entries: dict[str, _Entry] = {}
+        self._pinned: dict[str, int] = {}  # models split across ranks: never evicted; each rank holds 1/N
         self._reaper: asyncio.Task[None] | None = None
 
     def _installed(self, name: str) -> InstalledModel:
@@ -88,12 +89,15 @@ class ModelPool:
     def loaded(self) -> list[str]:
         return [k for k, e in self._entries.items() if e.model is not None]
 
+    def loaded_models(self) -> list[LoadedModel]:
+        return [e.model for e in self._entries.values() if e.model is not None]
+
     async def _load(self, model_id: str, entry: _Entry) -> LoadedModel:
         if entry.model is not None:
             return entry.model
         if entry.loading is None:
             installed = self._installed(model_id)
-            need = model_bytes(installed.path, self.float_bytes)
+            need = model_bytes(installed.path, self.float_bytes) // self._pinned.get(installed.id, 1)
             self._make_room(installed.id, need)
             entry.nbytes = need
             loop = asyncio.get_running_loop()
@@ -129,7 +133,8 @@ class ModelPool:
             if system is None:
                 return
             free, where = system, "available on this machine"
-        idle = sorted((e.last_used, k) for k, e in others.items() if e.model is not None and e.active == 0)
+        idle = sorted((e.last_used, k) for k, e in others.items()
+                      if e.model is not None and e.active == 0 and k not in self._pinned)
         while need > free and idle:
             _, victim = idle.pop(0)
             free += self._entries[victim].nbytes
@@ -143,6 +148,11 @@ class ModelPool:
                               + (f"; the loaded models ({busy}) are busy, retry when they finish." if busy
                                  else "; free memory or use a smaller (quantized) model."),
                               code="insufficient_memory")
+
+    def pin(self, model_id: str, shares: int) -> None:
+        """Keep `model_id` loaded for good and count 1/`shares` of its size: the ranks of a group
+        hold the other shares and keep their state in step with this one."""
+        self._pinned[model_id] = shares
 
     def running(self) -> int:
         """Operations (and batch rows) running on a model now."""
@@ -250,7 +260,8 @@ class ModelPool:
         now = time.monotonic() if now is None else now
         evicted = []
         for model_id, entry in list(self._entries.items()):
-            if entry.model is not None and entry.active == 0 and now - entry.last_used >= self.idle_seconds:
+            if (entry.model is not None and entry.active == 0 and model_id not in self._pinned
+                    and now - entry.last_used >= self.idle_seconds):
                 self._drop(model_id)
                 evicted.append(model_id)
         return evicted

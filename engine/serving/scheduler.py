@@ -23,14 +23,22 @@ on this thread between steps and the events go in that one call. A row whose dec
 sequence is taken out at the next turn, as a cancelled one is. A model whose
 caches cannot be merged into a batch, and every model with batching turned off, runs each request
 alone as a task on the same thread: one at a time, in arrival order.
+
+A model split across ranks (engine/ranks/) has one scheduler per rank. Rank 0's runs the loop above
+and, before each turn's forward passes, shares what the turn holds (`Turn`: requests joining with
+their tokens and sampling seeds, rows leaving, decision work); the other ranks' schedulers run
+`_follow`, which applies each shared turn to the same batch, prompt cache and decision runs, so every
+rank runs the same forward passes. A failure of the group ends every request in flight with a 503.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
 import os
+import secrets
 import threading
 import time
 from collections import deque
@@ -42,6 +50,8 @@ from typing import Any, TypeVar
 from swama.engine.decisions.decide import DecisionRun, launch_across, pick_rows
 from swama.engine.errors import Cancelled, ContextTooLong, EngineError, Failed, Unavailable
 from swama.engine.model import LoadedModel
+from swama.engine.ranks.group import HEARTBEAT, GroupFailed, RankGroup
+from swama.engine.ranks.turn import DecisionBatch, DecisionPrefill, Insert, Turn
 from swama.engine.runtime import on_gpu
 from swama.engine.serving.prompt_cache import PromptCache, cacheable
 from swama.engine.serving.threads import THREADS, in_thread
@@ -55,6 +65,8 @@ from swama.engine.text.generator import (
     prepare,
     token_budget,
 )
+
+Mirror = DecisionPrefill | DecisionBatch  # a task as the other ranks of a group run it
 
 log = logging.getLogger("swama.scheduler")
 T = TypeVar("T")
@@ -112,6 +124,38 @@ def _put(decoded: list[tuple[_Job, list[Any]]]) -> None:
             job.queue.put_nowait(item)
 
 
+def _resolve(future: concurrent.futures.Future[Any], error: BaseException | None, result: Any = None) -> None:
+    """Settle a running task's future, unless a failed rank group already answered it."""
+    try:
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+    except concurrent.futures.InvalidStateError:
+        pass
+
+
+def _quietly(work: Callable[[], Any]) -> None:
+    """Decision work on a rank that answers no one: a request's refusal is rank 0's to send."""
+    try:
+        work()
+    except EngineError:
+        pass
+
+
+def _prefill(run: DecisionRun) -> None:
+    """A run's prefix prefill, after the model's head split is settled: that check runs forward
+    passes once per model, which on a model split across ranks must come at the same step on every
+    rank (here, in the turn of a model's first decision request), not when rank 0 first plans a pass."""
+    _ = run.split
+    run.prefill()
+
+
+def _index(run: DecisionRun, question: Any) -> int:
+    """Where a question sits in its run (by identity: two questions may be equal)."""
+    return next(i for i, q in enumerate(run.prepared) if q is question)
+
+
 def _decode_and_put(tokens: list[tuple[_Job, int, str | None]]) -> None:
     """On the event loop: a step's tokens decoded, then into their jobs' queues."""
     _put([(job, job.decode(token, finish_reason)) for job, token, finish_reason in tokens])
@@ -122,6 +166,9 @@ class Scheduler:
                  rows: int | None = None, prefill_step: int | None = None,
                  profile_dir: Path | None = None) -> None:
         self.model = model
+        self.group: RankGroup | None = model.group
+        if self.group is not None and not (batching and batchable(model)):
+            raise ValueError("a model split across ranks is served by the batch scheduler (batching on)")
         self.profile_dir = profile_dir
         self.prompt_cache = prompt_cache
         self.batching = batching and batchable(model)
@@ -135,16 +182,27 @@ class Scheduler:
         self.decode_on_loop = on_gpu()
         self._wake = threading.Condition()
         self._new: deque[_Job] = deque()
-        self._tasks: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = deque()
+        self._tasks: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any], Mirror | None]] = deque()
         self._active: dict[int, _Job] = {}
         self._decisions: list[tuple[DecisionRun, concurrent.futures.Future[None]]] = []
         self._in_flight: Any = None  # the decision pass launched last turn, finished this turn
         self.decision_passes = 0  # batched passes that scored decision questions
         self._closed = False
+        self._failed: EngineError | None = None  # the rank group failed: every request gets this
         self._gen: Any = None
         self._eos: Any = None
+        # Ranks: decision runs by the key the turns name them with, runs ended since the last turn,
+        # and a checksum of the tokens sampled in the last step (the ranks compare theirs).
+        self._runs: dict[int, DecisionRun] = {}
+        self._keys = 0
+        self._forget: list[int] = []
+        self._checksum = 0
+        self._running: concurrent.futures.Future[Any] | None = None  # the task running now
         self._thread: threading.Thread | None = None  # the thread running the loop, once it runs
-        self._stopped = THREADS.submit(self._loop, "swama-scheduler")
+        following = self.group is not None and self.group.rank != 0
+        if self.group is not None and not following:
+            self.group.on_failure(self._group_failed)
+        self._stopped = THREADS.submit(self._follow if following else self._loop, "swama-scheduler")
 
     # -- the event loop's side ---------------------------------------------------------------------
 
@@ -173,21 +231,57 @@ class Scheduler:
                 # The request's task may still be queued: it sees the cancel and does nothing.
                 await asyncio.shield(asyncio.wrap_future(job_done))
 
-    def call(self, step: Callable[[], T]) -> concurrent.futures.Future[T]:
-        """Run `step` on the scheduler's thread between batch steps; await it with `asyncio.wrap_future`."""
+    def call(self, step: Callable[[], T], mirror: Mirror | None = None) -> concurrent.futures.Future[T]:
+        """Run `step` on the scheduler's thread between batch steps; await it with `asyncio.wrap_future`.
+        On a model split across ranks, `mirror` is the same work as the other ranks run it."""
+        if self.group is not None and mirror is None:
+            raise ValueError("work on a model split across ranks needs its mirror for the other ranks")
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._submit(lambda: self._tasks.append((step, future)))
+        self._submit(lambda: self._tasks.append((step, future, mirror)))
         return future
 
-    async def run(self, step: Callable[[], T]) -> T:
+    async def run(self, step: Callable[[], T], mirror: Mirror | None = None) -> T:
         """`call`, awaited. A caller that is cancelled still waits for a step already running."""
-        future = self.call(step)
+        future = self.call(step, mirror)
         try:
             return await asyncio.shield(asyncio.wrap_future(future))
         except asyncio.CancelledError:
             if not future.cancel():
                 await asyncio.wait({asyncio.wrap_future(future)})
             raise
+
+    async def prefill(self, run: DecisionRun) -> None:
+        """A prepared decision run's shared prefix into its cache, in one turn."""
+        key = self._key(run)
+        await self.run(lambda: _prefill(run), DecisionPrefill(key, run.job, run.prefix_reuse) if key is not None else None)
+
+    async def score_batch(self, run: DecisionRun, max_rows: int) -> None:
+        """A run's next `max_rows` questions in its own batched passes, in one turn."""
+        key = self._runs_key(run)
+        mirror = (DecisionBatch(key, max_rows, run.batch_logits_bytes, run.batch_cache_bytes)
+                  if key is not None else None)
+        await self.run(lambda: run.score_batch(max_rows=max_rows), mirror)
+
+    def forget(self, run: DecisionRun) -> None:
+        """A decision run ended: the other ranks drop their copy of it at the next turn."""
+        key = self._runs_key(run)
+        if key is not None:
+            with self._wake:
+                self._runs.pop(key, None)
+                self._forget.append(key)
+
+    def _key(self, run: DecisionRun) -> int | None:
+        """A new run's key in the turns (None when the model is not split across ranks)."""
+        if self.group is None:
+            return None
+        with self._wake:
+            self._keys += 1
+            run.key = self._keys
+            self._runs[run.key] = run
+        return run.key
+
+    def _runs_key(self, run: DecisionRun) -> int | None:
+        return getattr(run, "key", None) if self.group is not None else None
 
     async def score(self, run: DecisionRun) -> None:
         """Score the remaining questions of a started run whose prefix sits in plain KV caches,
@@ -208,8 +302,21 @@ class Scheduler:
         if threading.current_thread() is not self._thread:
             concurrent.futures.wait([self._stopped], timeout)
 
+    def kv_bytes(self) -> int:
+        """Bytes of key/value state the batch's rows hold now (read from another thread: an estimate)."""
+        try:
+            return int(self._gen.prompt_cache_nbytes) if self._gen is not None else 0
+        except Exception:  # the batch changed while it was read
+            return 0
+
+    def join(self) -> None:
+        """Wait until the loop has stopped (a following rank's loop stops only with its group)."""
+        concurrent.futures.wait([self._stopped])
+
     def _submit(self, change: Callable[[], None]) -> None:
         with self._wake:
+            if self._failed is not None:
+                raise self._failed
             if self._closed:
                 raise Unavailable(f"Model '{self.model.id}' is being unloaded; retry.", code="model_unloading")
             change()
@@ -237,64 +344,139 @@ class Scheduler:
         self._thread = threading.current_thread()
         # The thread's own stream: all of this model's work runs in order on it.
         stream = mx.default_stream(mx.default_device())
+        # Idle on a split model, rank 0 still shares an empty turn now and then: the others know it lives.
+        idle_wait = HEARTBEAT if self.group is not None else None
         while True:
             with self._wake:
-                while not (self._closed or self._new or self._tasks or self._active or self._decisions
-                           or self._in_flight is not None):
-                    self._wake.wait()
-                if self._closed:
+                while not (self._closed or self._failed or self._new or self._tasks or self._active
+                           or self._decisions or self._in_flight is not None):
+                    if not self._wake.wait(idle_wait):
+                        break
+                if self._closed or self._failed:
                     break
                 new = list(self._new)
                 self._new.clear()
                 task = self._tasks.popleft() if self._tasks else None
+                forget, self._forget = self._forget, []
             with mx.stream(stream):
+                turn = Turn(forget=forget) if self.group is not None else None
                 for job in new:
-                    self._insert(job, stream)
-                self._drop_cancelled()
-                if task is not None:
-                    self._run_task(*task)
-                if self._decisions or self._in_flight is not None:
-                    self._decision_pass()
-                if self._active:
-                    try:
-                        self._step()
-                    except Exception as exc:  # the whole batch failed: answer every row, start afresh
-                        log.exception("batch step failed on %s", self.model.id)
-                        self._fail_all(Failed(f"Generation failed: {exc}", code="generation_failed"))
-                    if not self._active:
-                        mx.clear_cache()  # idle again: hand the freed buffers back to the system
-        unloaded = Unavailable(f"Model '{self.model.id}' was unloaded; retry.", code="model_unloading")
-        self._fail_all(unloaded)
-        for _, future in self._tasks:
+                    self._insert(job, stream, turn)
+                self._drop_cancelled(turn)
+                if task is not None and not task[1].set_running_or_notify_cancel():
+                    task = None  # its caller went away before it started
+                picked = self._pick_pass() if self._decisions or self._in_flight is not None else None
+                if turn is not None and not self._share(turn, task, picked):
+                    break
+                try:
+                    self._turn(task, picked)
+                except GroupFailed as exc:
+                    self.group.fail(str(exc))
+                    break
+        error = self._failed or Unavailable(f"Model '{self.model.id}' was unloaded; retry.", code="model_unloading")
+        self._fail_all(error)
+        for _, future, _ in self._tasks:
             future.cancel()
         for _, future in list(self._decisions):
-            self._settle(future, unloaded)
+            self._settle(future, error)
         self._in_flight = None
         if self._gen is not None:
             self._gen.close()
 
-    @staticmethod
-    def _run_task(step: Callable[[], Any], future: concurrent.futures.Future[Any]) -> None:
-        if not future.set_running_or_notify_cancel():
-            return
-        try:
-            future.set_result(step())
-        except BaseException as exc:
-            future.set_exception(exc)
+    def _turn(self, task: tuple[Callable[[], Any], concurrent.futures.Future[Any], Mirror | None] | None,
+              picked: tuple[list[Any], dict[int, Any]] | None) -> None:
+        """A turn's device work: the task, the decision pass, the batch step."""
+        import mlx.core as mx
 
-    def _decision_pass(self) -> None:
-        """Launch the next batched pass, then finish the one launched last turn: the device always
-        has the next pass queued while the host turns the last one into answers."""
+        if task is not None:
+            self._run_task(task[0], task[1])
+        if picked is not None:
+            self._decision_pass(*picked)
+        if self._active:
+            try:
+                self._step()
+            except Exception as exc:  # the whole batch failed: answer every row, start afresh
+                self._per_request(exc)
+                log.exception("batch step failed on %s", self.model.id)
+                self._fail_all(Failed(f"Generation failed: {exc}", code="generation_failed"))
+            if not self._active:
+                mx.clear_cache()  # idle again: hand the freed buffers back to the system
+        if self.group is not None:
+            self.group.end_step()
+
+    def _per_request(self, exc: BaseException) -> None:
+        """Let `exc` go to the requests it concerns; on a split model only the engine's own errors
+        do: anything else may be a collective that failed, so the group fails (GroupFailed)."""
+        if self.group is not None and (not isinstance(exc, EngineError) or isinstance(exc, GroupFailed)):
+            raise GroupFailed(f"rank {self.group.rank} failed a step: {type(exc).__name__}: {exc}") from exc
+
+    def _share(self, turn: Turn, task: tuple[Any, Any, Mirror | None] | None,
+               picked: tuple[list[Any], dict[int, Any]] | None) -> bool:
+        """Rank 0: the turn to every rank before its forward passes; False when the group failed."""
+        turn.task = task[2] if task is not None else None
+        if picked is not None:
+            turn.decision_rows = [(run.key, _index(run, q)) for run, q in picked[0]]
+        try:
+            self.group.share(turn.encode(), self._checksum)
+        except GroupFailed as exc:
+            if task is not None:
+                task[1].set_exception(Unavailable(str(exc), code="rank_failed"))
+            self.group.fail(str(exc))
+            return False
+        self.group.begin_step()
+        return True
+
+    def _group_failed(self, reason: str) -> None:
+        """Rank 0, on any thread: every request on the model ends with a 503 (the group restarts)."""
+        error = Unavailable(f"The ranks serving model '{self.model.id}' failed ({reason}); the group is being "
+                            "restarted, retry shortly.", code="rank_failed")
+        with self._wake:
+            self._failed = error
+            jobs = [j for j in (*self._active.values(), *self._new) if j is not None]
+            futures = [f for _, f in self._decisions] + [f for _, f, _ in self._tasks]
+            if self._running is not None:
+                futures.append(self._running)
+            self._wake.notify()
+        for job in jobs:
+            job.post(error)
+        for future in futures:
+            if not future.done() and (future.running() or future.set_running_or_notify_cancel()):
+                try:
+                    future.set_exception(error)
+                except concurrent.futures.InvalidStateError:  # finished meanwhile
+                    pass
+
+    def _run_task(self, step: Callable[[], Any], future: concurrent.futures.Future[Any]) -> None:
+        """A task whose future is already running (`set_running_or_notify_cancel`)."""
+        self._running = future
+        try:
+            result = step()
+        except BaseException as exc:
+            _resolve(future, exc)
+            self._per_request(exc)
+        else:
+            _resolve(future, None, result)
+        finally:
+            self._running = None
+
+    def _pick_pass(self) -> tuple[list[Any], dict[int, concurrent.futures.Future[None]]]:
+        """The rows of the next batched decision pass (none while only last turn's pass is read back)."""
         with self._wake:
             self._decisions = [(r, f) for r, f in self._decisions if not f.done()]
             waiting = list(self._decisions)
         futures = {id(run): future for run, future in waiting}
+        return (pick_rows([run for run, _ in waiting], self.decision_rows) if waiting else []), futures
+
+    def _decision_pass(self, rows: list[tuple[DecisionRun, Any]],
+                       futures: dict[int, concurrent.futures.Future[None]]) -> None:
+        """Launch the next batched pass, then finish the one launched last turn: the device always
+        has the next pass queued while the host turns the last one into answers."""
         launched = None
-        rows = pick_rows([run for run, _ in waiting], self.decision_rows) if waiting else []
         if rows:
             try:
                 launched = (rows, launch_across(rows), futures)
             except Exception as exc:  # the pass failed: every request in it gets the error
+                self._per_request(exc)
                 for run in {id(r): r for r, _ in rows}.values():
                     self._settle(futures[id(run)], exc)
         if self._in_flight is not None:
@@ -306,6 +488,7 @@ class Scheduler:
         try:
             reduced = pending.rows()
         except Exception as exc:  # the pass failed: every request in it gets the error
+            self._per_request(exc)
             for run in {id(r): r for r, _ in rows}.values():
                 self._settle(futures[id(run)], exc)
             return
@@ -322,9 +505,69 @@ class Scheduler:
             if run.done:
                 self._settle(future, None)
 
+    # -- another rank's scheduler: the turns rank 0 shares ------------------------------------------
+
+    def _follow(self) -> None:
+        """Apply every turn rank 0 shares to this rank's copy of the batch, prompt cache and decision
+        runs, so this rank runs the same forward passes; results are rank 0's to send."""
+        import mlx.core as mx
+
+        self._thread = threading.current_thread()
+        stream = mx.default_stream(mx.default_device())
+        with mx.stream(stream):
+            while not self._closed and self.group.failed is None:
+                try:
+                    turn = Turn.decode(self.group.share(b"", self._checksum))
+                    self.group.begin_step()
+                    self._apply(turn, stream)
+                    self.group.end_step()
+                except GroupFailed as exc:
+                    self.group.fail(str(exc))
+                except Exception as exc:
+                    log.exception("rank %d failed a step", self.group.rank)
+                    self.group.fail(f"rank {self.group.rank} failed a step: {type(exc).__name__}: {exc}")
+
+    def _apply(self, turn: Turn, stream: Any) -> None:
+        import mlx.core as mx
+
+        for ins in turn.inserts:
+            uid, reused = self._join(ins.ids, ins.budget, ins.sampling, stream)
+            if reused != ins.reused:
+                raise GroupFailed(f"rank {self.group.rank} resumed {reused} cached prompt tokens where rank 0 "
+                                  f"resumed {ins.reused}; the prompt caches differ")
+            self._active[uid] = None
+        for uid in turn.removals:
+            self._remove(uid)
+        for key in turn.forget:
+            self._runs.pop(key, None)
+        if isinstance(turn.task, DecisionPrefill):
+            run = DecisionRun(self.model, turn.task.job, prefix_reuse=turn.task.prefix_reuse)
+            self._runs[turn.task.key] = run
+            run.prepare()
+            _quietly(lambda: _prefill(run))
+        elif isinstance(turn.task, DecisionBatch):
+            run = self._runs[turn.task.key]
+            run.batch_logits_bytes, run.batch_cache_bytes = turn.task.logits_bytes, turn.task.cache_bytes
+            _quietly(lambda: run.score_batch(max_rows=turn.task.max_rows))
+        if turn.decision_rows is not None:
+            rows = [(self._runs[k], self._runs[k].prepared[i]) for k, i in turn.decision_rows]
+            launched = (rows, launch_across(rows)) if rows else None
+            if self._in_flight is not None:
+                done, pending = self._in_flight
+                for (run, q), row in zip(done, pending.rows(), strict=True):
+                    _quietly(lambda run=run, q=q, row=row: run.accept(q, row))
+            self._in_flight = launched
+        if self._active:
+            self._step()
+            if not self._active:
+                mx.clear_cache()
+
+
     def _settle(self, future: concurrent.futures.Future[None], error: BaseException | None) -> None:
         with self._wake:
             self._decisions = [(r, f) for r, f in self._decisions if f is not future]
+        if future.done():  # already answered (a failed rank group answers every request at once)
+            return
         if future.set_running_or_notify_cancel():
             if error is None:
                 future.set_result(None)
@@ -355,9 +598,7 @@ class Scheduler:
             self._eos = StopSequences([[t] for t in sorted(self.model.eos_ids)])
         return self._gen
 
-    def _insert(self, job: _Job, stream: Any) -> None:
-        from mlx_lm.models.cache import make_prompt_cache
-
+    def _insert(self, job: _Job, stream: Any, turn: Turn | None = None) -> None:
         if job.cancelled.is_set():
             job.post(_DONE)
             return
@@ -367,17 +608,29 @@ class Scheduler:
             if budget <= 0:
                 raise ContextTooLong(f"The prompt ({len(ids)} tokens) leaves no room to generate in the context "
                                      f"window of {job.request.effective_context_limit} tokens.")
-            sampler, processors = make_sampling(self.model, job.request.sampling)
-            cache, job.reused = self.prompt_cache.take(ids) if self.prompt_cache is not None else (None, 0)
-            gen = self._generator(stream)
-            [uid] = gen.insert([ids[job.reused:]], max_tokens=[budget],
-                               caches=[cache or make_prompt_cache(self.model.model)],
-                               all_tokens=[list(ids[:job.reused])], samplers=[sampler],
-                               logits_processors=[processors], stop_sequences=[self._eos])
+            sampling = job.request.sampling
+            if turn is not None and sampling.seed is None and sampling.temperature > 0:
+                # Every rank samples the same tokens from the same logits only with one seed.
+                sampling = dataclasses.replace(sampling, seed=secrets.randbits(63))
+            uid, job.reused = self._join(ids, budget, sampling, stream)
         except Exception as exc:
             job.post(exc)
             return
         self._active[uid] = job
+        if turn is not None:
+            turn.inserts.append(Insert(ids, job.reused, budget, sampling))
+
+    def _join(self, ids: list[int], budget: int, sampling: Any, stream: Any) -> tuple[int, int]:
+        """A prompt into the batch, resumed from the prompt cache: its row (uid) and the tokens reused."""
+        from mlx_lm.models.cache import make_prompt_cache
+
+        sampler, processors = make_sampling(self.model, sampling)
+        cache, reused = self.prompt_cache.take(ids) if self.prompt_cache is not None else (None, 0)
+        gen = self._generator(stream)
+        [uid] = gen.insert([ids[reused:]], max_tokens=[budget], caches=[cache or make_prompt_cache(self.model.model)],
+                           all_tokens=[list(ids[:reused])], samplers=[sampler], logits_processors=[processors],
+                           stop_sequences=[self._eos])
+        return uid, reused
 
     def _keep(self, kept: tuple[list[Any], list[int]] | None) -> None:
         """Give a finished row's key/value state to the prompt cache."""
@@ -392,16 +645,23 @@ class Scheduler:
         self._active.pop(uid, None)
         self._keep(kept)
 
-    def _drop_cancelled(self) -> None:
+    def _drop_cancelled(self, turn: Turn | None = None) -> None:
         for uid in [u for u, job in self._active.items() if job.cancelled.is_set()]:
             self._remove(uid)  # its client is gone: nothing more is sent
+            if turn is not None:
+                turn.removals.append(uid)
 
     def _step(self) -> None:
         _, responses = self._gen.next()
         by_loop: dict[asyncio.AbstractEventLoop, list[Any]] = {}
+        if self.group is not None:
+            self._checksum = sum(r.uid * 1000003 + int(r.token) for r in responses) & 0x7FFFFFFF
         for r in responses:
             job = self._active.get(r.uid)
             if job is None:
+                if r.finish_reason is not None and r.uid in self._active:  # another rank's row (following)
+                    self._active.pop(r.uid)
+                    self._keep((r.prompt_cache, r.all_tokens))
                 continue
             token = int(r.token)
             item = (job, token, r.finish_reason) if self.decode_on_loop else (job, job.decode(token, r.finish_reason))
@@ -415,7 +675,8 @@ class Scheduler:
 
     def _fail_all(self, error: EngineError) -> None:
         for job in self._active.values():
-            job.post(error)
+            if job is not None:
+                job.post(error)
         self._active.clear()
         for job in self._new:
             job.post(error)

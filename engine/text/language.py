@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 from swama.engine.model import LoadedModel, cast_for_device, eos_ids_of
+from swama.engine.ranks import group as ranks
+from swama.engine.ranks import sharding
 from swama.engine.runtime import on_gpu
 from swama.engine.text.cpu_forward import install as install_cpu_forward
 
@@ -13,9 +15,16 @@ from swama.engine.text.cpu_forward import install as install_cpu_forward
 def load_language_model(model_id: str, path: Path) -> LoadedModel:
     from mlx_lm import load
 
-    model, tokenizer = load(str(path))
+    group = ranks.current()
+    split = group is not None and group.model_id == model_id
+    model, tokenizer = load(str(path), lazy=split)
+    if split:
+        # Split before the weights are read, so this rank reads only its own share of them.
+        group.split = sharding.plan(path, group.size, group.backend)
+        sharding.shard(model, group.group, group.split)
     cast_for_device(model)
     if not on_gpu():
         install_cpu_forward(model)
     config = json.loads((path / "config.json").read_text())
-    return LoadedModel(model_id, path, model, tokenizer, config, eos_ids_of(path, tokenizer))
+    return LoadedModel(model_id, path, model, tokenizer, config, eos_ids_of(path, tokenizer),
+                       group=group if split else None)

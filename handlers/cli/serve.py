@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import os
 import sys
 
 from swama.engine.client import EngineSettings, RuntimeSettings, model_files, read, startup_note
@@ -48,6 +49,19 @@ def run(args: argparse.Namespace) -> int:
               + ("" if settings.api_key else "; consider --api-key"), file=sys.stderr)
     if note := startup_note():
         print(note, file=sys.stderr)
+    if settings.replicated:
+        from swama.handlers.scale.replicas import serve_replicas
+
+        return serve_replicas(settings)
+    if os.environ.get("MLX_RANK") is not None:  # started as one rank of a group (mlx.launch or --ranks)
+        from swama.handlers.scale.ranks import join_as_rank
+
+        if (status := join_as_rank(settings)) is not None:
+            return status  # a rank other than 0: it followed rank 0 until the group ended
+    elif settings.rank_group:
+        from swama.handlers.scale.ranks import serve_ranks
+
+        return serve_ranks(settings)
     app = create_app(settings)
     print(f"swama listening on http://{settings.host}:{settings.port}  (models: {settings.models_root})",
           file=sys.stderr)

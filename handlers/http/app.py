@@ -27,6 +27,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await engine.start()
         yield
         await engine.close()
 
@@ -62,7 +63,8 @@ def _operational_endpoints(app: FastAPI, settings: ServerSettings, engine: Engin
         status, default = engine.status(), server_default_model(settings, engine)
         return JSONResponse({"status": "ok", "version": package_version(), "models_loaded": status.models_loaded,
                              "default_model": default.id if default else None,
-                             "running": status.running, "waiting": status.waiting, "blas": status.blas})
+                             "running": status.running, "waiting": status.waiting, "blas": status.blas,
+                             **({"ranks": status.ranks} if status.ranks is not None else {})})
 
 
 def _workers_ai_model(path: str) -> str | None:

@@ -65,6 +65,19 @@ class Metrics:
         active.set_function(lambda: engine.status().active_memory)
         cache = Gauge("swama_mlx_cache_bytes", "Memory kept by MLX's buffer cache for reuse", registry=r)
         cache.set_function(lambda: engine.status().cache_memory)
+        kv = Gauge("swama_kv_cache_bytes", "Key/value state held by batch rows and prompt caches", registry=r)
+        kv.set_function(lambda: engine.status().kv_cache_bytes)
+        kv_usage = Gauge("swama_kv_cache_usage", "Key/value state held, as a share of the prompt caches' budget "
+                         "(0 to 1)", registry=r)
+        kv_usage.set_function(lambda: engine.status().kv_cache_usage)
+        # The same gauges under the names Kubernetes inference gateways read from vLLM servers.
+        for name, text, read in (
+                ("vllm:num_requests_waiting", "Requests waiting for their model", lambda: engine.status().waiting),
+                ("vllm:num_requests_running", "Requests running on a model", lambda: engine.status().running),
+                ("vllm:kv_cache_usage_perc", "Key/value cache usage (0 to 1)",
+                 lambda: engine.status().kv_cache_usage)):
+            Gauge(name, text, registry=r).set_function(read)
+        r.register(_RankCollector(engine))
 
     def generation_finished(self, model: str, done: Finished) -> None:
         self.prompt_tokens.labels(model).inc(done.prompt_tokens)
@@ -82,6 +95,33 @@ class Metrics:
 
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class _RankCollector:
+    """The rank group's state, when this process is rank 0 of one (nothing otherwise)."""
+
+    def __init__(self, engine: EngineClient) -> None:
+        self.engine = engine
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        group = self.engine.status().ranks
+        if group is None:
+            return
+        yield GaugeMetricFamily("swama_ranks", "Ranks the model is split across", value=group["size"])
+        yield GaugeMetricFamily("swama_rank_group_up", "1 while the rank group serves, 0 once it failed",
+                                value=1 if group["state"] == "serving" else 0)
+        yield CounterMetricFamily("swama_rank_group_restarts", "Times the rank group was restarted after a "
+                                  "failure", value=group["restarts"])
+        steps = GaugeMetricFamily("swama_rank_steps", "Scheduler steps each rank has taken part in", labels=["rank"])
+        memory = GaugeMetricFamily("swama_rank_active_bytes", "Memory held by live arrays on each rank",
+                                   labels=["rank"])
+        for rank in group["ranks"]:
+            steps.add_metric([str(rank["rank"])], rank["steps"])
+            memory.add_metric([str(rank["rank"])], rank["active_mib"] << 20)
+        yield steps
+        yield memory
 
 
 def _route_label(scope: Scope) -> str:

@@ -4,6 +4,10 @@ written once with its default, its environment variable, its help text and its b
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from pydantic import model_validator
+
 from swama.engine.client import DEFAULT_MODEL, EngineClient, EngineSettings, InstalledModel, option
 
 
@@ -21,6 +25,60 @@ class ServerSettings(EngineSettings):
         default_text="the server's model, as for System One's jev-latest")
     # The model `swama serve MODEL` was started with: the command's argument, not a flag.
     default_model: str | None = option(None, "the server's default model", cli=False)
+
+    # Past one process (docs/scale.md): one model split across ranks, or copies of the engine behind
+    # one endpoint.
+    ranks: int | None = option(
+        None, "split MODEL across N ranks on this machine (mlx-lm's tensor or pipeline sharding over MLX "
+              "distributed: the ring backend on the CPU, NCCL on NVIDIA GPUs, one GPU per rank); rank 0 serves HTTP",
+        metavar="N", default_text="one process", ge=2)
+    hostfile: Path | None = option(
+        None, "split MODEL across the hosts of an mlx.launch host file, one rank per entry, started by mlx.launch "
+              "(over ssh where a host is not 127.0.0.1); rank 0, the first entry, serves HTTP", metavar="FILE")
+    rank_backend: str = option("auto", "the MLX distributed backend the ranks talk over (auto: NCCL on NVIDIA "
+                                       "GPUs, else the ring backend)",
+                               choices=("auto", "ring", "nccl", "jaccl", "mpi"))
+    rank_timeout: float = option(
+        20.0, "how long one step may wait on the other ranks before the group counts as failed: requests in "
+              "flight end with 503 and the group is restarted", metavar="SECONDS", gt=0, le=3600)
+    rank_restarts: int = option(3, "restarts of a failed rank group in a row before the server gives up and exits, "
+                                   "naming the failed rank", metavar="N", ge=0)
+    replicas: int | None = option(
+        None, "serve N independent copies of the engine behind one endpoint with Ray Serve, each request routed "
+              "to the copy that holds its prompt's cached prefix, else the least loaded", metavar="N",
+        default_text="one process", ge=1)
+    ray_address: str | None = option(None, "join this Ray cluster with --replicas instead of starting a local one",
+                                     metavar="ADDRESS", default_text="a local Ray started for the server")
+    min_replicas: int | None = option(
+        None, "autoscale between --min-replicas and --max-replicas on queue depth (both needed)", metavar="N",
+        default_text="no autoscaling", ge=1)
+    max_replicas: int | None = option(
+        None, "the most replicas autoscaling starts", metavar="N", default_text="no autoscaling", ge=1)
+
+    @model_validator(mode="after")
+    def _one_way_to_scale(self) -> ServerSettings:
+        if self.ranks is not None and self.hostfile is not None:
+            raise ValueError("--ranks and --hostfile both say where the ranks run: give one of them")
+        if self.hostfile is not None and not self.hostfile.expanduser().is_file():
+            raise ValueError(f"--hostfile {str(self.hostfile)!r} is not a file")
+        if (self.min_replicas is None) != (self.max_replicas is None):
+            raise ValueError("--min-replicas and --max-replicas go together: give both to autoscale")
+        if self.min_replicas is not None and self.max_replicas is not None and self.min_replicas > self.max_replicas:
+            raise ValueError(f"--min-replicas ({self.min_replicas}) is more than --max-replicas ({self.max_replicas})")
+        if (self.replicas is not None or self.min_replicas is not None) and (self.ranks or self.hostfile):
+            raise ValueError("--replicas with --ranks or --hostfile is not served yet: a replica here is one process "
+                             "(docs/scale.md)")
+        return self
+
+    @property
+    def rank_group(self) -> bool:
+        """Whether MODEL is split across ranks."""
+        return self.ranks is not None or self.hostfile is not None
+
+    @property
+    def replicated(self) -> bool:
+        """Whether copies of the engine run behind one endpoint (Ray Serve)."""
+        return self.replicas is not None or self.min_replicas is not None
 
 
 def server_default_model(settings: ServerSettings, engine: EngineClient) -> InstalledModel | None:

@@ -80,3 +80,15 @@ def test_every_response_carries_a_request_id_that_the_access_log_names(server: L
     log = server.log.read_text(errors="replace")
     assert re.search(r"client-42 GET /v1/models 200 ", log)
     assert re.search(rf"{generated} POST /v1/embeddings 404 ", log)
+
+
+def test_metrics_carry_the_gauges_inference_gateways_route_on(server: LiveServer) -> None:
+    httpx.post(server.v1 + "/chat/completions", timeout=120, json={
+        "model": TINY_ID, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3, "temperature": 0})
+    text = httpx.get(server.url + "/metrics").text
+    assert _metric(text, "vllm:num_requests_waiting") == _metric(text, "swama_queue_waiting")
+    assert _metric(text, "vllm:num_requests_running") == _metric(text, "swama_running")
+    usage = _metric(text, "vllm:kv_cache_usage_perc")
+    assert usage == _metric(text, "swama_kv_cache_usage") and 0 < usage <= 1  # the finished row's cache is kept
+    assert _metric(text, "swama_kv_cache_bytes") > 0
+    assert "swama_ranks" not in text  # one process: no rank group

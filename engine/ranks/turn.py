@@ -1,0 +1,68 @@
+"""What one scheduler step holds, as rank 0 decides it and shares it with the other ranks.
+
+Every rank keeps the same batch, prompt cache and decision runs, so the plan names only what rank 0
+alone can know: which requests join (their prompt tokens, token budget and sampling, with a seed
+rank 0 drew when the client gave none), which rows leave (their clients went away or met a stop
+sequence), which decision work runs. The forward passes that follow are the same on every rank.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass, field
+from typing import Any
+
+from swama.engine.text.generator import Sampling
+
+
+@dataclass
+class Insert:
+    """A request joining the batch: its rendered prompt, the prefix rank 0 resumes from its prompt
+    cache (every rank's cache must give the same), its token budget and its sampling."""
+
+    ids: list[int]
+    reused: int
+    budget: int
+    sampling: Sampling
+
+
+@dataclass
+class DecisionPrefill:
+    """A decision request's questions prepared and their shared prefix read into the cache."""
+
+    key: int
+    job: Any  # decide.DecisionJob
+    prefix_reuse: bool
+
+
+@dataclass
+class DecisionBatch:
+    """A decision request's next questions scored in its own batched passes, with rank 0's bounds."""
+
+    key: int
+    max_rows: int | None
+    logits_bytes: int
+    cache_bytes: int
+
+
+@dataclass
+class Turn:
+    inserts: list[Insert] = field(default_factory=list)
+    removals: list[int] = field(default_factory=list)  # batch rows (uids) taken out
+    task: DecisionPrefill | DecisionBatch | None = None
+    # The decision pass of this step: None when there is none; else the rows (run key, question
+    # index) launched now, possibly none while the pass launched last step is read back.
+    decision_rows: list[tuple[int, int]] | None = None
+    forget: list[int] = field(default_factory=list)  # decision runs that ended
+
+    @property
+    def empty(self) -> bool:
+        return not (self.inserts or self.removals or self.task or self.decision_rows is not None or self.forget)
+
+    def encode(self) -> bytes:
+        return b"" if self.empty else pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
+
+    @staticmethod
+    def decode(payload: bytes) -> Turn:
+        # The payload comes from rank 0 of this group: processes this server started itself.
+        return pickle.loads(payload) if payload else Turn()

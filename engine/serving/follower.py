@@ -1,0 +1,25 @@
+"""A rank other than 0 of a group that splits one model: it loads its shard, then runs every turn
+rank 0 shares until the group ends (engine/ranks/group.py exits the process when it fails)."""
+
+from __future__ import annotations
+
+from swama.engine.files.store import ModelStore
+from swama.engine.ranks.group import current
+from swama.engine.serving.loaders import load_model
+from swama.engine.serving.prompt_cache import PromptCache
+from swama.engine.serving.scheduler import Scheduler
+from swama.engine.settings import EngineSettings
+
+
+def follow(settings: EngineSettings, model_id: str) -> None:
+    """Serve this rank's shard of `model_id` (installed) with the same batch settings as rank 0."""
+    group = current()
+    if group is None or group.rank == 0:
+        raise ValueError("follow() runs on a rank other than 0 of a group")
+    installed = ModelStore(settings.models_root).get(model_id)
+    group.model_id = installed.id
+    model = load_model(installed.id, installed.path)
+    budget = settings.prompt_cache_budget()
+    scheduler = Scheduler(model, prompt_cache=PromptCache(budget) if budget > 0 else None, batching=True,
+                          rows=settings.batch_rows, prefill_step=settings.prefill_step)
+    scheduler.join()

@@ -1,0 +1,225 @@
+"""One model split across ranks (`swama serve MODEL --ranks N` / `--hostfile FILE`): real processes on
+loopback talking over MLX's ring backend, compared with the one-process server on the same weights."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import SMOLLM2_ID, TINY_ID
+
+from live_server import LiveServer, start_server
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["Say hello to the team.", "What is the capital of France?", "List three colours."]
+DECISION = {
+    "input": "The customer writes: my invoice is wrong and I want a refund today.",
+    "questions": [
+        {"type": "choice", "instructions": "Which team should handle it?",
+         "choices": [{"value": "billing"}, {"value": "sales"}, {"value": "support"}]},
+        {"type": "predicate", "instructions": "Is it urgent?"},
+        {"type": "score", "instructions": "How angry is the customer?",
+         "levels": [{"label": "calm"}, {"label": "annoyed"}, {"label": "furious"}]},
+    ],
+}
+
+
+def _ranked(store: Path, name: str, model: str, *args: str) -> LiveServer:
+    return start_server(store, store.parent / f"{name}.log", model, "--rank-timeout", "10", *args, timeout=240)
+
+
+@pytest.fixture(scope="module")
+def tiny_ranks(model_store: Path) -> Iterator[LiveServer]:
+    server = _ranked(model_store, "tiny-ranks", TINY_ID, "--ranks", "2")
+    yield server
+    server.stop()
+
+
+def _chat(server: LiveServer, model: str, text: str, max_tokens: int = 16, **extra: object) -> dict:
+    r = httpx.post(server.v1 + "/chat/completions", timeout=120, json={
+        "model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
+        "temperature": 0, **extra})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _probabilities(server: LiveServer, model: str) -> list[float]:
+    r = httpx.post(server.v1 + "/decisions", timeout=120, json={"model": model, **DECISION})
+    assert r.status_code == 200, r.text
+    out: list[float] = []
+    for answer in r.json()["answers"]:
+        out += [p["probability"] for p in answer["probabilities"]] if "probabilities" in answer else [answer["probability"]]
+    return out
+
+
+def _same_answers(ranks: LiveServer, one: LiveServer, model: str, prompts: list[str] = PROMPTS,
+                  max_tokens: int = 16) -> None:
+    for text in prompts:
+        assert _chat(ranks, model, text, max_tokens)["choices"][0]["message"]["content"] == \
+            _chat(one, model, text, max_tokens)["choices"][0]["message"]["content"]
+    split, whole = _probabilities(ranks, model), _probabilities(one, model)
+    assert max(abs(a - b) for a, b in zip(split, whole, strict=True)) < 1e-4, (split, whole)
+
+
+def test_two_ranks_answer_as_one_process(tiny_ranks: LiveServer, model_server: LiveServer) -> None:
+    health = httpx.get(tiny_ranks.url + "/health", timeout=10).json()
+    group = health["ranks"]
+    assert (group["size"], group["backend"], group["split"], group["state"]) == (2, "ring", "tensor", "serving")
+    assert [r["rank"] for r in group["ranks"]] == [0, 1] and all(r["pid"] > 0 for r in group["ranks"])
+    _same_answers(tiny_ranks, model_server, TINY_ID)
+
+
+def test_responses_and_systemone_on_ranks(tiny_ranks: LiveServer, model_server: LiveServer) -> None:
+    def respond(server: LiveServer) -> str:
+        r = httpx.post(server.v1 + "/responses", timeout=120, json={
+            "model": TINY_ID, "input": "Name a fruit.", "max_output_tokens": 8, "temperature": 0})
+        assert r.status_code == 200, r.text
+        return r.json()["output"][0]["content"][0]["text"]
+
+    def systemone(server: LiveServer) -> dict:
+        r = httpx.post(server.v1 + "/systemone", timeout=120, json={
+            "model": TINY_ID, "state": {"ticket": "Refund please"},
+            "questions": {"u": {"type": "noul", "instructions": "Is it urgent?"}}})
+        assert r.status_code == 200, r.text
+        return r.json()["answers"]["u"]
+
+    assert respond(tiny_ranks) == respond(model_server)
+    assert abs(systemone(tiny_ranks)["noul"] - systemone(model_server)["noul"]) < 1e-4
+
+
+def test_eight_streams_are_batched_across_ranks(tiny_ranks: LiveServer, model_server: LiveServer) -> None:
+    prompts = [f"Count to {n} please." for n in range(8)]
+
+    def stream(text: str) -> str:
+        parts = []
+        with httpx.stream("POST", tiny_ranks.v1 + "/chat/completions", timeout=120, json={
+                "model": TINY_ID, "messages": [{"role": "user", "content": text}], "max_tokens": 12,
+                "temperature": 0, "stream": True}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    delta = json.loads(line[6:])["choices"][0]
+                    assert delta["finish_reason"] != "error", delta
+                    parts.append(delta["delta"].get("content") or "")
+        return "".join(parts)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        streamed = list(pool.map(stream, prompts))
+    assert streamed == [_chat(model_server, TINY_ID, p, 12)["choices"][0]["message"]["content"] for p in prompts]
+    group = httpx.get(tiny_ranks.url + "/health", timeout=10).json()["ranks"]
+    assert group["state"] == "serving"
+    metrics = httpx.get(tiny_ranks.url + "/metrics", timeout=10).text
+    assert "swama_ranks 2.0" in metrics and "swama_rank_group_up 1.0" in metrics
+    assert 'swama_rank_steps{rank="1"}' in metrics
+
+
+def test_second_turn_resumes_the_prompt_cache_on_every_rank(tiny_ranks: LiveServer) -> None:
+    # Each rank resumes from its own prompt cache; a rank whose cache resumed a different prefix
+    # than rank 0's fails the group, so the second answer arriving means every rank hit.
+    messages = [{"role": "user", "content": "Tell me about the sea in a few words."}]
+    first = httpx.post(tiny_ranks.v1 + "/chat/completions", timeout=120, json={
+        "model": TINY_ID, "messages": messages, "max_tokens": 8, "temperature": 0}).json()
+    messages += [first["choices"][0]["message"], {"role": "user", "content": "And the sky?"}]
+    second = httpx.post(tiny_ranks.v1 + "/chat/completions", timeout=120, json={
+        "model": TINY_ID, "messages": messages, "max_tokens": 8, "temperature": 0}).json()
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert httpx.get(tiny_ranks.url + "/health", timeout=10).json()["ranks"]["state"] == "serving"
+
+
+def test_sampled_tokens_agree_across_ranks(tiny_ranks: LiveServer) -> None:
+    # Unseeded sampling: rank 0 draws the seed and shares it, so both ranks sample the same tokens
+    # (a rank that sampled others would fail the group at the next step).
+    for _ in range(3):
+        _chat(tiny_ranks, TINY_ID, "Write a word.", 8, temperature=1.0)
+    assert httpx.get(tiny_ranks.url + "/health", timeout=10).json()["ranks"]["state"] == "serving"
+
+
+def test_smollm2_across_three_ranks_answers_as_one_process(model_store: Path, model_server: LiveServer) -> None:
+    # SmolLM2's 9 attention heads and 3 key/value heads split over 3 ranks, not 2. Three ranks on
+    # two cores wait on each other at every layer's collective: a few tokens are enough here.
+    server = _ranked(model_store, "smollm2-ranks", SMOLLM2_ID, "--ranks", "3", "--rank-timeout", "120")
+    try:
+        _same_answers(server, model_server, SMOLLM2_ID, PROMPTS[1:2], max_tokens=6)
+    finally:
+        server.stop()
+
+
+def test_a_split_that_does_not_fit_is_refused_at_start(model_store: Path) -> None:
+    env = {**os.environ, "SWAMA_MODELS": str(model_store)}
+    done = subprocess.run([sys.executable, "-m", "swama.handlers.cli", "serve", SMOLLM2_ID, "--ranks", "2"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "9 attention heads, 3 key/value heads do not split evenly over 2 ranks; it splits over 3" in done.stderr
+
+
+def test_hostfile_with_two_loopback_entries(model_store: Path, tmp_path: Path, model_server: LiveServer) -> None:
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * 2))
+    server = _ranked(model_store, "tiny-hostfile", TINY_ID, "--hostfile", str(hostfile))
+    try:
+        group = httpx.get(server.url + "/health", timeout=10).json()["ranks"]
+        assert group["size"] == 2
+        _same_answers(server, model_server, TINY_ID)
+    finally:
+        server.stop()
+    # Stopping the server stops mlx.launch's ranks too: none is left behind.
+    deadline = time.monotonic() + 15
+    pids = [r["pid"] for r in group["ranks"]]
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        time.sleep(0.2)
+    assert not [pid for pid in pids if _alive(pid)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+def test_a_killed_rank_ends_the_stream_and_the_group_restarts(model_store: Path) -> None:
+    server = _ranked(model_store, "tiny-kill", TINY_ID, "--ranks", "2")
+    try:
+        rank1 = httpx.get(server.url + "/health", timeout=10).json()["ranks"]["ranks"][1]["pid"]
+        events: list[dict] = []
+        with httpx.stream("POST", server.v1 + "/chat/completions", timeout=60, json={
+                "model": TINY_ID, "messages": [{"role": "user", "content": "Talk for a long time."}],
+                "max_tokens": 4000, "temperature": 0, "stream": True}) as r:
+            lines = r.iter_lines()
+            for line in lines:  # the stream is running
+                if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
+                    break
+            os.kill(rank1, signal.SIGKILL)
+            killed = time.monotonic()
+            for line in lines:
+                if line.startswith("data: {"):
+                    events.append(json.loads(line[6:]))
+            ended = time.monotonic() - killed
+        assert ended < 30
+        last = events[-1]["choices"][0]
+        assert last["finish_reason"] == "error" and "ranks serving model" in events[-1]["error"]["message"]
+        deadline = time.monotonic() + 180
+        health: dict = {}
+        while time.monotonic() < deadline:
+            try:
+                health = httpx.get(server.url + "/health", timeout=5).json()
+                if health["ranks"]["restarts"] == 1:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        assert health["ranks"]["restarts"] == 1 and f"rank 1 (pid {rank1})" in health["ranks"]["last_failure"]
+        assert health["ranks"]["state"] == "serving"
+        assert _chat(server, TINY_ID, "Hello again.", 4)["choices"][0]["finish_reason"] == "length"
+    finally:
+        server.stop()
