@@ -68,7 +68,8 @@ def addresses(size: int) -> list[str]:
 
 
 class RankGroup:
-    def __init__(self, group: Any, backend: str, timeout: float, startup_timeout: float) -> None:
+    def __init__(self, group: Any, backend: str, timeout: float, startup_timeout: float, *, restarts: int = 0,
+                 last_failure: str | None = None) -> None:
         self.group = group
         self.backend = backend
         self.rank = int(group.rank())
@@ -76,8 +77,8 @@ class RankGroup:
         self.timeout = timeout
         self.model_id: str | None = None  # the model the ranks split (set by the process that joined)
         self.split: str | None = None  # "tensor" or "pipeline", once loaded
-        self.restarts = int(os.environ.get("SWAMA_RANK_RESTARTS", "0") or 0)
-        self.last_failure = os.environ.get("SWAMA_RANK_LAST_FAILURE") or None
+        self.restarts = restarts  # times the group was started again after a failure
+        self.last_failure = last_failure
         self.peers = [RankStatus(r, a) for r, a in enumerate(addresses(self.size))]
         self.turns = 0
         self.failed: str | None = None
@@ -185,7 +186,8 @@ def current() -> RankGroup | None:
     return _GROUP
 
 
-def join(backend: str, timeout: float, startup_timeout: float) -> RankGroup:
+def join(backend: str, timeout: float, startup_timeout: float, *, restarts: int = 0,
+         last_failure: str | None = None) -> RankGroup:
     """Join the group the environment describes (MLX_RANK, MLX_HOSTFILE or NCCL_*), as mlx.launch
     sets it; bounded, since init waits for every rank to connect."""
     import mlx.core as mx
@@ -205,5 +207,6 @@ def join(backend: str, timeout: float, startup_timeout: float) -> RankGroup:
     if "group" not in result:
         reason = result.get("error") or f"the other ranks did not connect within {startup_timeout:g} s"
         raise GroupFailed(f"rank {os.environ.get('MLX_RANK', '?')} could not join the {backend} group: {reason}")
-    _GROUP = RankGroup(result["group"], backend, timeout, startup_timeout)
+    _GROUP = RankGroup(result["group"], backend, timeout, startup_timeout, restarts=restarts,
+                       last_failure=last_failure)
     return _GROUP

@@ -55,6 +55,12 @@ class ServerSettings(EngineSettings):
     max_replicas: int | None = option(
         None, "the most replicas autoscaling starts", metavar="N", default_text="no autoscaling", ge=1)
 
+    # Set by the process that starts a rank group, for its ranks.
+    group_restarts: int | None = option(None, "times this rank group was restarted after a failure", cli=False,
+                                        ge=0)
+    group_last_failure: str | None = option(None, "why the rank group last failed", cli=False)
+    group_notice: Path | None = option(None, "where the supervisor writes why it signals rank 0", cli=False)
+
     @model_validator(mode="after")
     def _one_way_to_scale(self) -> ServerSettings:
         if self.ranks is not None and self.hostfile is not None:

@@ -43,10 +43,9 @@ from swama.engine.client import (
 )
 from swama.handlers.http.settings import ServerSettings
 
-NOTICE_ENV = "SWAMA_RANK_NOTICE"  # a file where the supervisor writes why it signals rank 0
 # Options about how the server scales are the supervisor's; the ranks get every other one.
 SCALE_FIELDS = {"ranks", "hostfile", "rank_restarts", "replicas", "ray_address", "min_replicas", "max_replicas",
-                "default_model"}
+                "default_model", "group_restarts", "group_last_failure", "group_notice"}
 STOP_SECONDS = 10.0  # how long a rank may take to stop before it is killed
 
 
@@ -58,7 +57,8 @@ def join_as_rank(settings: ServerSettings) -> int | None:
     the exit status only when the group ends."""
     backend = group_backend(settings.rank_backend)
     try:
-        group = join_group(backend, settings.rank_timeout, STARTUP_TIMEOUT)
+        group = join_group(backend, settings.rank_timeout, STARTUP_TIMEOUT, restarts=settings.group_restarts or 0,
+                           last_failure=settings.group_last_failure)
     except GroupFailed as exc:
         print(f"{FAILURE_LINE}{exc}", file=sys.stderr, flush=True)
         return EXIT_GROUP_FAILED
@@ -71,9 +71,9 @@ def join_as_rank(settings: ServerSettings) -> int | None:
         return EXIT_GROUP_FAILED
 
     def notified(signum: int, frame: object) -> None:  # the supervisor saw another rank exit
-        notice = os.environ.get(NOTICE_ENV)
+        notice = settings.group_notice
         try:
-            reason = Path(notice).read_text().strip() if notice else ""
+            reason = notice.read_text().strip() if notice else ""
         except OSError:
             reason = ""
         group.fail(reason or "another rank of the group exited")
@@ -204,9 +204,10 @@ class Supervisor:
     def start(self, restarts: int, last_failure: str | None) -> _Group:
         notice = self.workdir / "notice"
         notice.unlink(missing_ok=True)
-        env = {**self.env, "SWAMA_RANK_RESTARTS": str(restarts), NOTICE_ENV: str(notice)}
+        env = {**self.env, env_of(ServerSettings, "group_restarts"): str(restarts),
+               env_of(ServerSettings, "group_notice"): str(notice)}
         if last_failure:
-            env["SWAMA_RANK_LAST_FAILURE"] = last_failure
+            env[env_of(ServerSettings, "group_last_failure")] = last_failure
         if self.settings.hostfile is not None:
             return self._launch(env, notice)
         return self._spawn(env, notice)
