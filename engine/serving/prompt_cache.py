@@ -60,7 +60,8 @@ class PromptCache:
 
     @property
     def nbytes(self) -> int:
-        return sum(e.nbytes for e in self._entries.values())
+        # A snapshot first (one step under the GIL): /metrics reads this while the scheduler changes it.
+        return sum(e.nbytes for e in list(self._entries.values()))
 
     def take(self, ids: list[int]) -> tuple[list[Any] | None, int]:
         """A cache holding the longest prefix of `ids` any entry shares (at most all but the last

@@ -163,6 +163,19 @@ def _free_ports(count: int) -> list[int]:
             s.close()
 
 
+def _port_taken(host: str, port: int) -> str | None:
+    """Why rank 0 could not listen on host:port (checked before any rank starts), or None."""
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
+
+
 def _hosts(path: Path) -> list[dict[str, object]]:
     """The entries of an mlx.launch host file (a JSON list of {"ssh": ..., "ips": [...]})."""
     try:
@@ -332,6 +345,9 @@ def serve_ranks(settings: ServerSettings) -> int:
         return 2
     if not settings.batching:
         print("error: a model split across ranks is served with batching; leave out --no-batching", file=sys.stderr)
+        return 2
+    if settings.ranks and (taken := _port_taken(settings.host, settings.port)):
+        print(f"error: rank 0 cannot listen on {settings.host}:{settings.port}: {taken}", file=sys.stderr)
         return 2
     backend = group_backend(settings.rank_backend)
     supervisor = Supervisor(settings, installed.id, backend)

@@ -161,6 +161,19 @@ def test_a_split_that_does_not_fit_is_refused_at_start(model_store: Path) -> Non
     assert "9 attention heads, 3 key/value heads do not split evenly over 2 ranks; it splits over 3" in done.stderr
 
 
+def test_a_port_in_use_is_refused_before_any_rank_starts(model_store: Path) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "swama.handlers.cli", "serve", TINY_ID, "--ranks", "2",
+                               "--port", str(port)], env={**os.environ, "SWAMA_MODELS": str(model_store)},
+                              capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and f"rank 0 cannot listen on 127.0.0.1:{port}" in done.stderr
+
+
 def test_hostfile_with_two_loopback_entries(model_store: Path, tmp_path: Path, model_server: LiveServer) -> None:
     hostfile = tmp_path / "hosts.json"
     hostfile.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * 2))
