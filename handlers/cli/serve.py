@@ -50,9 +50,9 @@ def run(args: argparse.Namespace) -> int:
     if note := startup_note():
         print(note, file=sys.stderr)
     if settings.replicated:
-        print("error: --replicas is not available in this version: serve one process, or split a model "
-              "across ranks with --ranks or --hostfile (docs/scale.md)", file=sys.stderr)
-        return 2
+        from swama.handlers.scale.replicas import serve_replicas
+
+        return serve_replicas(settings)
     if os.environ.get("MLX_RANK") is not None:  # started as one rank of a group (mlx.launch or --ranks)
         from swama.handlers.scale.ranks import join_as_rank
 
