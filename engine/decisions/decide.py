@@ -349,6 +349,7 @@ class DecisionRun:
         self.launched = 0  # questions handed to passes across runs (`launch_across`), answered or not
         self.vision_encodings = 0
         self.shared: Any = None  # a trimmable cache holding the shared prefix
+        self.key: int | None = None  # its name in the steps a rank group shares (serving/scheduler.py)
         self._snapshot: list[Any] | None = None  # or the prefix state of a cache that cannot be trimmed
 
     @property

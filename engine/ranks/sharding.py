@@ -45,15 +45,16 @@ def _divides(config: dict[str, Any], ranks: int) -> str | None:
             + (f"; it splits over {', '.join(map(str, fits))} ranks" if fits else "; it splits over no rank count up to 8"))
 
 
-def plan(path: Path, ranks: int, backend: str) -> str:
+def plan(path: Path, ranks: int, backend: str, model: Any = None) -> str:
     """The split the model in `path` takes over `ranks` ranks (TENSOR or PIPELINE); BadInput naming
-    what is supported when it takes none."""
+    what is supported when it takes none. `model`: the model already loaded lazily, if it is."""
     import json
 
     from mlx_lm.utils import load_model
 
     config = json.loads((path / "config.json").read_text())
-    model, _ = load_model(path, lazy=True, strict=False)
+    if model is None:
+        model, _ = load_model(path, lazy=True, strict=False)
     family = config.get("model_type", "?")
     if hasattr(model, "shard"):
         if (why := _divides(config, ranks)) is None:

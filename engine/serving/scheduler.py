@@ -281,7 +281,7 @@ class Scheduler:
         return run.key
 
     def _runs_key(self, run: DecisionRun) -> int | None:
-        return getattr(run, "key", None) if self.group is not None else None
+        return run.key if self.group is not None else None
 
     async def score(self, run: DecisionRun) -> None:
         """Score the remaining questions of a started run whose prefix sits in plain KV caches,

@@ -20,7 +20,7 @@ def load_language_model(model_id: str, path: Path) -> LoadedModel:
     model, tokenizer = load(str(path), lazy=split)
     if split:
         # Split before the weights are read, so this rank reads only its own share of them.
-        group.split = sharding.plan(path, group.size, group.backend)
+        group.split = sharding.plan(path, group.size, group.backend, model)
         sharding.shard(model, group.group, group.split)
     cast_for_device(model)
     if not on_gpu():
