@@ -91,10 +91,14 @@ from swama.engine.text.generator import (
     ChatRequest,
     Event,
     Finished,
+    Logprobs,
     Sampling,
     TextDelta,
     ToolCallEvent,
 )
+from swama.engine.text.grammar import Constraint, ToolSpec
+from swama.engine.text.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, TopLogprob
+from swama.engine.text.tokenize import Tokenized, TokenizeJob
 from swama.engine.text.tool_calls import ToolCall
 
 __all__ = [
@@ -103,14 +107,17 @@ __all__ = [
     "follow_group", "group_backend", "join_group", "split_of",
     # constants
     "CLIENT_CLOSED", "DECISION", "DEFAULT_MODEL", "DEFAULT_TEMPERATURE", "DEFAULT_TOP_P", "DEVICE_CHOICES",
-    "DTYPE_CHOICES", "EMBEDDING", "IMAGES_NEED_VISION", "KINDS", "LANGUAGE", "NO_SPEECH", "OUT_OF_RANGE",
+    "DTYPE_CHOICES", "EMBEDDING", "IMAGES_NEED_VISION", "KINDS", "LANGUAGE", "MAX_TOP_LOGPROBS", "NO_SPEECH",
+    "OUT_OF_RANGE",
     "SAMPLE_RATE", "SPEECH_TO_TEXT", "TEXT_TO_SPEECH", "VISION",
     # types and errors
-    "AliasEntry", "BadInput", "Busy", "Cancelled", "ChatRequest", "CheckpointResult", "ContextTooLong",
+    "AliasEntry", "BadInput", "Busy", "Cancelled", "ChatRequest", "CheckpointResult", "Constraint", "ContextTooLong",
     "DecisionError", "DecisionJob", "DecisionResult", "Embeddings", "EngineClient", "EngineError",
-    "EngineSettings", "EngineStatus", "Event", "Finished", "InstalledModel", "LoadFailed", "ModelFileError",
+    "EngineSettings", "EngineStatus", "Event", "Finished", "InstalledModel", "LoadFailed", "Logprobs",
+    "ModelFileError",
     "ModelFiles", "NotFound", "QuestionKind", "QuestionView", "RuntimeSettings", "Sampling", "ScoredAnswer",
-    "SettingsError", "SpeechSegment", "StoreSettings", "Task", "TextDelta", "ToolCall", "ToolCallEvent",
+    "SettingsError", "SpeechSegment", "StoreSettings", "Task", "TextDelta", "TokenLogprob", "TokenizeJob", "Tokenized", "ToolCall",
+    "ToolCallEvent", "ToolSpec", "TopLogprob",
     "Transcript", "TranscriptSegment", "Unavailable", "Voices", "WrongModel",
     # functions
     "check_choice_option_names", "choice_options_message", "decision_choice_view", "decision_score_view",
@@ -148,6 +155,13 @@ class EngineClient(Protocol):
     def chat(self, model_id: str, request: ChatRequest) -> AsyncIterator[Event]:
         """The events of one generation; stop iterating (or `aclose()`) to cancel it."""
 
+    async def tokenize_prompt(self, model_id: str, prompt: str | list[int]) -> list[int]:
+        """A raw prompt's tokens, as `ChatRequest.prompt` reads them."""
+
+    async def score_prompt(self, model_id: str, ids: list[int], top: int = 0,
+                           temperature: float = 1.0) -> list[TokenLogprob]:
+        """Each prompt token with its log probability given the ones before it (the first's: None)."""
+
     def decide(self, model_id: str, job: DecisionJob) -> AsyncIterator[DecisionResult]:
         """One `DecisionResult` for the job's questions."""
 
@@ -167,6 +181,12 @@ class EngineClient(Protocol):
 
     async def transcribe(self, model_id: str, audio: Any, *, language: str | None = None,
                          prompt: str | None = None, temperature: float = 0.0) -> Transcript: ...
+
+    async def tokenize(self, model_id: str, job: TokenizeJob) -> Tokenized:
+        """A text prompt's or a chat's tokens, the chat rendered as a chat completion renders it."""
+
+    async def detokenize(self, model_id: str, ids: list[int]) -> str:
+        """The text of token ids; BadInput for an id outside the model's vocabulary."""
 
     async def start(self) -> None:
         """Load what must be loaded before the first request (a rank group's model on rank 0)."""

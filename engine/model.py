@@ -26,6 +26,8 @@ if TYPE_CHECKING:  # each field's owner; imported for the annotations only
     from swama.engine.ranks.group import RankGroup
     from swama.engine.serving.prompt_cache import PromptCache
     from swama.engine.serving.scheduler import Scheduler
+    from swama.engine.text.grammar import Grammars
+    from swama.engine.text.logprobs import TokenBytes
 
 
 @dataclass
@@ -36,6 +38,8 @@ class ModelState:
     prompt_cache: PromptCache | None = None  # serving/engine.py; None where the model keeps none
     native_tools: bool | None = None  # text/generator.py: whether the chat template renders tools itself
     decisions: DecisionState | None = None  # decisions/decide.py: label tokens, openers, head split, bounds
+    token_bytes: TokenBytes | None = None  # text/logprobs.py: each token's bytes, for log probabilities
+    grammars: Grammars | None = None  # text/grammar.py: structured-output grammars compiled for this model
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """What one scheduler step holds, as rank 0 decides it and shares it with the other ranks.
 
 Every rank keeps the same batch, prompt cache and decision runs, so the plan names only what rank 0
-alone can know: which requests join (their prompt tokens, token budget and sampling, with a seed
+alone can know: which requests join (their prompt tokens, token budget, sampling and output constraint, with a seed
 rank 0 drew when the client gave none), which rows leave (their clients went away or met a stop
 sequence), which decision work runs. The forward passes that follow are the same on every rank.
 """
@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from swama.engine.text.generator import Sampling
+from swama.engine.text.grammar import Constraint
 
 
 @dataclass
@@ -24,6 +25,7 @@ class Insert:
     reused: int
     budget: int
     sampling: Sampling
+    constraint: Constraint | None = None  # a structured output: every rank masks the same tokens
 
 
 @dataclass
@@ -46,10 +48,19 @@ class DecisionBatch:
 
 
 @dataclass
+class PromptScore:
+    """A prompt's tokens scored in one forward pass (log probabilities for /v1/completions' echo)."""
+
+    ids: list[int]
+    top: int
+    temperature: float
+
+
+@dataclass
 class Turn:
     inserts: list[Insert] = field(default_factory=list)
     removals: list[int] = field(default_factory=list)  # batch rows (uids) taken out
-    task: DecisionPrefill | DecisionBatch | None = None
+    task: DecisionPrefill | DecisionBatch | PromptScore | None = None
     # The decision pass of this step: None when there is none; else the rows (run key, question
     # index) launched now, possibly none while the pass launched last step is read back.
     decision_rows: list[tuple[int, int]] | None = None

@@ -9,6 +9,7 @@ the work and frees its row or the model.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -26,13 +27,16 @@ from swama.engine.kinds.transcription import Transcript, check_language, languag
 from swama.engine.model import LoadedModel
 from swama.engine.ranks import group as ranks
 from swama.engine.ranks.group import STARTUP_TIMEOUT
+from swama.engine.ranks.turn import PromptScore
 from swama.engine.runtime import compute_dtype, loaded_blas
 from swama.engine.serving.pool import ModelPool
 from swama.engine.serving.prompt_cache import PromptCache
 from swama.engine.serving.scheduler import DECISION_ROWS, Scheduler
 from swama.engine.serving.threads import in_thread, iterate_in_thread
 from swama.engine.settings import EngineSettings
-from swama.engine.text.generator import ChatRequest, Event, Finished, generate
+from swama.engine.text.generator import ChatRequest, Event, Finished, generate, prompt_ids
+from swama.engine.text.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, prompt_logprobs
+from swama.engine.text.tokenize import Tokenized, TokenizeJob, text_of, tokens_of
 
 
 @dataclass(frozen=True)
@@ -148,6 +152,42 @@ class Engine:
         except Cancelled:
             return
 
+    async def tokenize_prompt(self, model_id: str, prompt: str | list[int]) -> list[int]:
+        """A raw prompt's tokens as `ChatRequest.prompt` reads them (BadInput for ids outside the
+        vocabulary or an empty prompt)."""
+        async with self._held(model_id) as model:
+            return await in_thread(lambda: prompt_ids(model, prompt))
+
+    async def score_prompt(self, model_id: str, ids: list[int], top: int = 0,
+                           temperature: float = 1.0) -> list[TokenLogprob]:
+        """Each prompt token with its log probability given the ones before it (the first's: None), with
+        `top` alternatives: a forward pass over the prompt, in one turn on the model."""
+        if not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise BadInput(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}.")
+        limit = self.settings.context_limit
+        if len(ids) > limit:
+            raise ContextTooLong(f"The prompt ({len(ids)} tokens) is longer than the context window of "
+                                 f"{limit} tokens.", code="context_limit_exceeded")
+        async with self._held(model_id) as model:
+            def work() -> list[TokenLogprob]:
+                return prompt_logprobs(model, ids, top, temperature)
+
+            if self._scheduled(model_id):
+                scheduler = self._scheduler(model)
+                mirror = PromptScore(ids, top, temperature) if scheduler.group is not None else None
+                return await scheduler.run(work, mirror)
+            return await in_thread(work)
+
+    @contextlib.asynccontextmanager
+    async def _held(self, model_id: str) -> AsyncIterator[LoadedModel]:
+        """The model held the way its kind is served: shared by its scheduler, or exclusively."""
+        if self._scheduled(model_id):
+            async with self.pool.share(model_id, self._rows()) as model:
+                yield model
+        else:
+            async with self.pool.use(model_id) as model:
+                yield model
+
     def _observe(self, model_id: str, event: Event) -> None:
         if isinstance(event, Finished) and self.on_generation is not None:
             self.on_generation(model_id, event)
@@ -255,6 +295,21 @@ class Engine:
             check_language(model, language)
             return await in_thread(lambda: transcribe(model, audio, language=language, prompt=prompt,
                                                       temperature=temperature, cancel=cancel), cancel)
+
+    # -- tokenizer -------------------------------------------------------------------------------
+
+    async def tokenize(self, model_id: str, job: TokenizeJob) -> Tokenized:
+        """The tokens of a text prompt or a rendered chat on a language or vision model (POST /tokenize):
+        the template and the tokenizer run on a worker thread, beside the model's own work."""
+        job.check()  # before the model loads
+        async with self._held(model_id) as model:
+            return await in_thread(lambda: tokens_of(model, job, self.settings.context_limit))
+
+    async def detokenize(self, model_id: str, ids: list[int]) -> str:
+        """The text of token ids on a language or vision model (POST /detokenize); BadInput for an id
+        outside its vocabulary."""
+        async with self._held(model_id) as model:
+            return await in_thread(lambda: text_of(model, ids))
 
     async def close(self) -> None:
         await self.pool.close()

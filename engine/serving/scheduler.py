@@ -51,7 +51,7 @@ from swama.engine.decisions.decide import DecisionRun, launch_across, pick_rows
 from swama.engine.errors import Cancelled, ContextTooLong, EngineError, Failed, Unavailable
 from swama.engine.model import LoadedModel
 from swama.engine.ranks.group import HEARTBEAT, GroupFailed, RankGroup
-from swama.engine.ranks.turn import DecisionBatch, DecisionPrefill, Insert, Turn
+from swama.engine.ranks.turn import DecisionBatch, DecisionPrefill, Insert, PromptScore, Turn
 from swama.engine.runtime import on_gpu
 from swama.engine.serving.prompt_cache import PromptCache, cacheable
 from swama.engine.serving.threads import THREADS, in_thread
@@ -60,13 +60,17 @@ from swama.engine.text.generator import (
     ChatRequest,
     Decoder,
     Event,
+    constraint_processors,
     generate,
     make_sampling,
+    ordered,
     prepare,
+    row_processors,
     token_budget,
 )
+from swama.engine.text.logprobs import prompt_logprobs
 
-Mirror = DecisionPrefill | DecisionBatch  # a task as the other ranks of a group run it
+Mirror = DecisionPrefill | DecisionBatch | PromptScore  # a task as the other ranks of a group run it
 
 log = logging.getLogger("swama.scheduler")
 T = TypeVar("T")
@@ -96,17 +100,19 @@ class _Job:
     submitted: float = field(default_factory=time.perf_counter)
     ids: list[int] = field(default_factory=list)  # the rendered prompt
     decoder: Decoder | None = None  # used on one thread only: the event loop's or the scheduler's
+    processors: list[Any] = field(default_factory=list)  # its log-probability recorder, its output mask
     reused: int = 0
     ended: bool = False  # its last event is decoded
 
     def post(self, item: Any) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
-    def decode(self, token: int, finish_reason: str | None) -> list[Any]:
-        """One generated token (and the generator's finish reason) into the items for the queue."""
+    def decode(self, token: int, finish_reason: str | None, reading: Any = None) -> list[Any]:
+        """One generated token (its log probabilities when asked, and the generator's finish reason)
+        into the items for the queue."""
         if self.ended:
             return []
-        items: list[Any] = self.decoder.token(token)
+        items: list[Any] = self.decoder.token(token, reading)
         reason = self.decoder.finish_reason or finish_reason
         if reason is not None:
             self.ended = True
@@ -156,9 +162,9 @@ def _index(run: DecisionRun, question: Any) -> int:
     return next(i for i, q in enumerate(run.prepared) if q is question)
 
 
-def _decode_and_put(tokens: list[tuple[_Job, int, str | None]]) -> None:
+def _decode_and_put(tokens: list[tuple[_Job, int, str | None, Any]]) -> None:
     """On the event loop: a step's tokens decoded, then into their jobs' queues."""
-    _put([(job, job.decode(token, finish_reason)) for job, token, finish_reason in tokens])
+    _put([(job, job.decode(token, finish_reason, reading)) for job, token, finish_reason, reading in tokens])
 
 
 class Scheduler:
@@ -212,8 +218,12 @@ class Scheduler:
         if not self.batching:
             job_done = self.call(lambda: self._alone(job))
         else:
-            job.ids = (await in_thread(lambda: prepare(self.model, request))).ids
-            job.decoder = Decoder(self.model, request, len(job.ids))
+            def ready() -> None:  # rendering, tokenizing and compiling a grammar: off the event loop
+                job.ids = prepare(self.model, request).ids
+                job.processors, recorder = row_processors(self.model, request)
+                job.decoder = Decoder(self.model, request, len(job.ids), recorder)
+
+            await in_thread(ready)
             job.decoder.started = job.submitted  # time to first token counts the preparation and the wait for a row
             self._submit(lambda: self._new.append(job))
         try:
@@ -531,7 +541,8 @@ class Scheduler:
         import mlx.core as mx
 
         for ins in turn.inserts:
-            uid, reused = self._join(ins.ids, ins.budget, ins.sampling, stream)
+            uid, reused = self._join(ins.ids, ins.budget, ins.sampling, stream,
+                                     constraint_processors(self.model, ins.constraint))
             if reused != ins.reused:
                 raise GroupFailed(f"rank {self.group.rank} resumed {reused} cached prompt tokens where rank 0 "
                                   f"resumed {ins.reused}; the prompt caches differ")
@@ -549,6 +560,9 @@ class Scheduler:
             run = self._runs[turn.task.key]
             run.batch_logits_bytes, run.batch_cache_bytes = turn.task.logits_bytes, turn.task.cache_bytes
             _quietly(lambda: run.score_batch(max_rows=turn.task.max_rows))
+        elif isinstance(turn.task, PromptScore):
+            task = turn.task
+            _quietly(lambda: prompt_logprobs(self.model, task.ids, task.top, task.temperature))
         if turn.decision_rows is not None:
             rows = [(self._runs[k], self._runs[k].prepared[i]) for k, i in turn.decision_rows]
             launched = (rows, launch_across(rows)) if rows else None
@@ -612,19 +626,21 @@ class Scheduler:
             if turn is not None and sampling.seed is None and sampling.temperature > 0:
                 # Every rank samples the same tokens from the same logits only with one seed.
                 sampling = dataclasses.replace(sampling, seed=secrets.randbits(63))
-            uid, job.reused = self._join(ids, budget, sampling, stream)
+            uid, job.reused = self._join(ids, budget, sampling, stream, job.processors)
         except Exception as exc:
             job.post(exc)
             return
         self._active[uid] = job
         if turn is not None:
-            turn.inserts.append(Insert(ids, job.reused, budget, sampling))
+            turn.inserts.append(Insert(ids, job.reused, budget, sampling, job.request.constraint))
 
-    def _join(self, ids: list[int], budget: int, sampling: Any, stream: Any) -> tuple[int, int]:
+    def _join(self, ids: list[int], budget: int, sampling: Any, stream: Any,
+              extra: list[Any]) -> tuple[int, int]:
         """A prompt into the batch, resumed from the prompt cache: its row (uid) and the tokens reused."""
         from mlx_lm.models.cache import make_prompt_cache
 
         sampler, processors = make_sampling(self.model, sampling)
+        processors = ordered(processors, extra)
         cache, reused = self.prompt_cache.take(ids) if self.prompt_cache is not None else (None, 0)
         gen = self._generator(stream)
         [uid] = gen.insert([ids[reused:]], max_tokens=[budget], caches=[cache or make_prompt_cache(self.model.model)],
@@ -664,7 +680,9 @@ class Scheduler:
                     self._keep((r.prompt_cache, r.all_tokens))
                 continue
             token = int(r.token)
-            item = (job, token, r.finish_reason) if self.decode_on_loop else (job, job.decode(token, r.finish_reason))
+            reading = job.decoder.reading(token)
+            item = ((job, token, r.finish_reason, reading) if self.decode_on_loop
+                    else (job, job.decode(token, r.finish_reason, reading)))
             by_loop.setdefault(job.loop, []).append(item)
             if r.finish_reason is not None:  # end of sequence or max tokens: the row has left the batch
                 self._active.pop(r.uid)

@@ -21,7 +21,9 @@ from swama.engine.model import LoadedModel
 from swama.engine.serving.prompt_cache import PromptCache, cacheable
 from swama.engine.settings import default_of
 from swama.engine.text.chat_prompt import Prompt, build_prompt, template_renders_tools
-from swama.engine.text.tool_calls import ToolCall, ToolCallSplitter, tool_format
+from swama.engine.text.grammar import Constraint, enforcer
+from swama.engine.text.logprobs import MAX_TOP_LOGPROBS, Recorder, TokenLogprob, token_bytes
+from swama.engine.text.tool_calls import DEFAULT_FORMAT, ToolCall, ToolCallSplitter, tool_format
 
 # The one place sampling defaults live: every route and the CLI leave unset options to these.
 DEFAULT_TEMPERATURE = 0.6
@@ -59,6 +61,14 @@ class ChatRequest:
     tools: list[dict[str, Any]] | None = None
     context_limit: int = field(default_factory=lambda: default_of("context_limit"))
     images: list[Any] = field(default_factory=list)  # PIL images for the messages' image parts, in order
+    # A raw prompt in place of `messages` (/v1/completions): text the model's tokenizer encodes as it
+    # does by default (special tokens included), or token ids; no chat template is used.
+    prompt: str | list[int] | None = None
+    constraint: Constraint | None = None  # structured output: what the generated text must be
+    # Log probabilities: None for none; k (0-20) for each generated token's, with its k most probable
+    # alternatives (`Logprobs` events).
+    logprobs: int | None = None
+    parallel_tool_calls: bool = True  # False: the output ends after its first tool call
 
     @property
     def effective_context_limit(self) -> int:
@@ -69,6 +79,14 @@ class ChatRequest:
 @dataclass(frozen=True)
 class TextDelta:
     text: str
+
+
+@dataclass(frozen=True)
+class Logprobs:
+    """The log probabilities of generated tokens, sent before the text of those tokens (text held back
+    for a stop sequence or a tool call comes later; a stop sequence's own tokens are included)."""
+
+    entries: tuple[TokenLogprob, ...]
 
 
 @dataclass(frozen=True)
@@ -87,7 +105,7 @@ class Finished:
     token_ids: tuple[int, ...] = ()  # the tokens generated, end-of-sequence token excluded
 
 
-Event = TextDelta | ToolCallEvent | Finished
+Event = TextDelta | Logprobs | ToolCallEvent | Finished
 
 
 def native_tools(model: LoadedModel) -> bool:
@@ -97,17 +115,72 @@ def native_tools(model: LoadedModel) -> bool:
 
 
 def prepare(model: LoadedModel, request: ChatRequest) -> Prompt:
+    request.sampling.check()
+    if request.max_tokens is not None and request.max_tokens <= 0:
+        raise BadInput(OUT_OF_RANGE)
+    if request.logprobs is not None and not 0 <= request.logprobs <= MAX_TOP_LOGPROBS:
+        raise BadInput(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}.")
+    if request.prompt is not None:
+        return _raw_prompt(model, request)
     if not model.has_chat_template:
         raise BadInput("This model has no chat template; it cannot serve chat requests.")
     if not request.messages:
         raise BadInput("Generation requires at least one message.")
-    request.sampling.check()
-    if request.max_tokens is not None and request.max_tokens <= 0:
-        raise BadInput(OUT_OF_RANGE)
     if request.images and model.vision is None:
         raise BadInput(IMAGES_NEED_VISION, code="invalid_image")
     return build_prompt(model.tokenizer, request.messages, request.tools, request.effective_context_limit,
                         native_tools(model))
+
+
+def prompt_ids(model: LoadedModel, prompt: str | list[int]) -> list[int]:
+    """A raw prompt's tokens: text as the model's tokenizer encodes it by default (special tokens
+    included), or ids, each checked against the vocabulary."""
+    if isinstance(prompt, str):
+        ids = list(model.tokenizer.encode(prompt))
+    else:
+        ids = list(prompt)
+        bad = [t for t in ids if not 0 <= t < model.vocab_size]
+        if bad:
+            raise BadInput(f"Token id {bad[0]} is outside the model's vocabulary (0-{model.vocab_size - 1}).")
+    if not ids:
+        raise BadInput("The prompt is empty: it needs at least one token.")
+    return ids
+
+
+def _raw_prompt(model: LoadedModel, request: ChatRequest) -> Prompt:
+    ids = prompt_ids(model, request.prompt)
+    limit = request.effective_context_limit
+    if len(ids) >= limit:
+        raise ContextTooLong(f"The prompt ({len(ids)} tokens) leaves no room to generate in the context "
+                             f"window of {limit} tokens.", code="context_limit_exceeded")
+    text = request.prompt if isinstance(request.prompt, str) else model.tokenizer.decode(ids)
+    return Prompt(ids, text)
+
+
+def call_format(model: LoadedModel) -> tuple[str, str]:
+    """The markers a tool call is written between, where the call inside is JSON with a name and
+    arguments (the form a constraint can hold calls to); BadInput for other formats."""
+    fmt = tool_format(model.tokenizer)
+    if fmt is not DEFAULT_FORMAT and getattr(fmt.parse, "__module__", "").rsplit(".", 1)[-1] != "json_tools":
+        raise BadInput("This model writes tool calls in a format that cannot be constrained; use tool_choice "
+                       "\"auto\" and functions without strict.", code="unsupported_tool_choice")
+    return fmt.start, fmt.end
+
+
+def constraint_processors(model: LoadedModel, constraint: Constraint | None) -> list[Any]:
+    """The structured-output mask of a constraint (none without one); BadInput when it cannot be held."""
+    if constraint is None:
+        return []
+    fmt = call_format(model) if constraint.kind.startswith("tool") else ("", "")
+    return [enforcer(model, constraint, fmt)]
+
+
+def row_processors(model: LoadedModel, request: ChatRequest) -> tuple[list[Any], Recorder | None]:
+    """The logits processors a request adds to its sampling's: a recorder of log probabilities
+    (first: it reads the model's own logits) and a structured-output mask (last: after penalties)."""
+    recorder = Recorder(request.sampling.temperature, request.logprobs) if request.logprobs is not None else None
+    processors: list[Any] = [recorder] if recorder is not None else []
+    return processors + constraint_processors(model, request.constraint), recorder
 
 
 def _multimodal(model: LoadedModel, prompt: Prompt, request: ChatRequest) -> Prefill:
@@ -212,13 +285,27 @@ def make_sampling(model: LoadedModel, s: Sampling) -> tuple[Any, list[Any]]:
     return seeded, processors
 
 
+def _keep_leading_space(detok: Any) -> None:
+    """mlx-lm's detokenizers drop the first token's leading space, as a chat answer wants; a raw
+    prompt's continuation keeps it ("The capital of France is" goes on with " Paris")."""
+    if hasattr(detok, "trim_space"):
+        detok.trim_space = False  # SentencePiece
+    if hasattr(detok, "_maybe_trim_space"):
+        detok._maybe_trim_space = lambda text: text  # byte-level BPE
+
+
 class Decoder:
     """One request's generated tokens turned into events: text deltas, whole tool calls, then one
     `Finished`. The same for a request generated alone and for one row of a batch."""
 
-    def __init__(self, model: LoadedModel, request: ChatRequest, prompt_tokens: int) -> None:
+    def __init__(self, model: LoadedModel, request: ChatRequest, prompt_tokens: int,
+                 recorder: Recorder | None = None) -> None:
         self.eos_ids = model.eos_ids
+        self.recorder = recorder
+        self.table = token_bytes(model) if recorder is not None else None
         self.detok = model.tokenizer.detokenizer
+        if request.prompt is not None:
+            _keep_leading_space(self.detok)
         self.splitter = ToolCallSplitter(tool_format(model.tokenizer), request.tools) if request.tools else None
         self.stopper = _StopMatcher(request.stop)
         self.prompt_tokens = prompt_tokens
@@ -227,24 +314,41 @@ class Decoder:
         self.tokens: list[int] = []
         self.finish_reason: str | None = None  # set once the request is done
         self.saw_call = False
+        self.parallel = request.parallel_tool_calls
         self.stop_hit = False
 
     @property
     def generated(self) -> int:
         return len(self.tokens)
 
+    def _calls(self, calls: list[ToolCall]) -> list[Event]:
+        """Tool-call events; with parallel calls off, the first call ends the output."""
+        events: list[Event] = []
+        for call in calls:
+            if self.saw_call and not self.parallel:
+                break
+            self.saw_call = True
+            events.append(ToolCallEvent(call))
+        if self.saw_call and not self.parallel and self.finish_reason is None:
+            self.finish_reason = "stop"
+        return events
+
     def _emit(self, text: str) -> list[Event]:
         events: list[Event] = []
+        if self.saw_call and not self.parallel:
+            return events  # the output ended with its call
         if self.splitter is not None:
             text, calls = self.splitter.feed(text)
-            for call in calls:
-                self.saw_call = True
-                events.append(ToolCallEvent(call))
+            events += self._calls(calls)
         if text:
             events.append(TextDelta(text))
         return events
 
-    def token(self, token: int) -> list[Event]:
+    def reading(self, token: int) -> TokenLogprob | None:
+        """The log probabilities of `token`, on the thread that runs the model (None when not asked)."""
+        return self.recorder.take(token, self.table) if self.recorder is not None else None
+
+    def token(self, token: int, logprob: TokenLogprob | None = None) -> list[Event]:
         """Events of one sampled token; sets `finish_reason` on an end-of-sequence token or a stop
         sequence (whose text is never sent)."""
         if self.first_token_at is None:
@@ -257,7 +361,8 @@ class Decoder:
         text, stopped = self.stopper.feed(self.detok.last_segment)
         if stopped:
             self.finish_reason, self.stop_hit = "stop", True
-        return self._emit(text)
+        events: list[Event] = [Logprobs((logprob,))] if logprob is not None else []
+        return events + self._emit(text)
 
     def finish(self, reason: str, cached_tokens: int = 0) -> list[Event]:
         """The held-back text, the tool calls still open, and the `Finished` event."""
@@ -266,18 +371,22 @@ class Decoder:
         if not self.stop_hit:
             tail, self.stop_hit = self.stopper.feed(self.detok.last_segment)
             events += self._emit(tail if self.stop_hit else tail + self.stopper.flush())
-        if self.splitter is not None:
+        if self.splitter is not None and not (self.saw_call and not self.parallel):
             text, calls = self.splitter.finish()
             if text:
                 events.append(TextDelta(text))
-            for call in calls:
-                self.saw_call = True
-                events.append(ToolCallEvent(call))
+            events += self._calls(calls)
         end = time.perf_counter()
         first = self.first_token_at or end
         events.append(Finished("tool_calls" if self.saw_call else reason, self.prompt_tokens, self.generated,
                                first - self.started, end - first, cached_tokens, tuple(self.tokens)))
         return events
+
+
+def ordered(sampling: list[Any], extra: list[Any]) -> list[Any]:
+    """A recorder before the sampling's penalties (it reads the model's own logits), a mask after."""
+    first = [p for p in extra if isinstance(p, Recorder)]
+    return first + list(sampling) + [p for p in extra if not isinstance(p, Recorder)]
 
 
 def token_budget(request: ChatRequest, prompt_tokens: int) -> int:
@@ -298,7 +407,9 @@ def generate(model: LoadedModel, request: ChatRequest, cancel: threading.Event) 
     ids = prefill.ids if prefill is not None else prompt.ids
     max_tokens = token_budget(request, len(ids))
     sampler, processors = make_sampling(model, request.sampling)
-    decoder = Decoder(model, request, len(ids))
+    extra_processors, recorder = row_processors(model, request)
+    processors = ordered(processors, extra_processors)
+    decoder = Decoder(model, request, len(ids), recorder)
     extra: dict[str, Any] = {}
     if prefill is not None:
         # One prefill call: the multimodal inputs (positions, masks) cover the whole prompt.
@@ -317,7 +428,7 @@ def generate(model: LoadedModel, request: ChatRequest, cancel: threading.Event) 
                 raise Cancelled()
             token = int(token)
             seen.append(token)
-            yield from decoder.token(token)
+            yield from decoder.token(token, decoder.reading(token))
             if decoder.finish_reason is not None:
                 finish = decoder.finish_reason
                 break
