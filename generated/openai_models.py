@@ -1168,11 +1168,16 @@ class CreateChatCompletionRequest(BaseModel):
     seed: JSONInt | None = None
     stop: StopConfiguration | None = None
     tools: list[ChatCompletionTool] | None = None
-    tool_choice: ChatCompletionToolChoiceOption | None = None
+    tool_choice: (
+        CreateChatCompletionRequestToolChoice | ChatCompletionNamedToolChoice | None
+    ) = None
     n: CreateChatCompletionRequestN | None = None
-    logprobs: CreateChatCompletionRequestLogprobs | None = None
+    logprobs: StrictBool | None = None
+    top_logprobs: CreateChatCompletionRequestTopLogprobs | None = None
     modalities: CreateChatCompletionRequestModalities | None = None
-    response_format: ResponseFormatText | None = None
+    response_format: (
+        ResponseFormatText | ResponseFormatJsonObject | ResponseFormatJsonSchema | None
+    ) = None
     top_k: Annotated[JSONInt | None, Field(ge=0)] = None
     min_p: Annotated[StrictFloat | None, Field(ge=0.0, le=1.0)] = None
     repetition_penalty: CreateChatCompletionRequestRepetitionPenalty | None = None
@@ -1189,10 +1194,6 @@ class CreateChatCompletionRequest(BaseModel):
 
 class CreateChatCompletionRequestFrequencyPenalty(RootModel[StrictFloat]):
     root: Annotated[StrictFloat, Field(ge=-2.0, le=2.0)]
-
-
-class CreateChatCompletionRequestLogprobs(Enum):
-    boolean_False = False
 
 
 class CreateChatCompletionRequestMaxCompletionTokens(RootModel[JSONInt]):
@@ -1241,6 +1242,16 @@ class CreateChatCompletionRequestStreamOptions(BaseModel):
 
 class CreateChatCompletionRequestTemperature(RootModel[StrictFloat]):
     root: Annotated[StrictFloat, Field(ge=0.0, le=2.0)]
+
+
+class CreateChatCompletionRequestToolChoice(StrEnum):
+    none = "none"
+    auto = "auto"
+    required = "required"
+
+
+class CreateChatCompletionRequestTopLogprobs(RootModel[JSONInt]):
+    root: Annotated[JSONInt, Field(ge=0, le=20)]
 
 
 class CreateChatCompletionRequestTopP(RootModel[StrictFloat]):
@@ -1323,6 +1334,164 @@ class CreateChatCompletionStreamResponseObject(StrEnum):
     chat_completion_chunk = "chat.completion.chunk"
 
 
+class CreateCompletionRequest(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    model: Annotated[StrictStr, Field(min_length=1, pattern="[^\\s\\x1c-\\x1f\\x85]")]
+    prompt: CreateCompletionRequestPrompt | CreateCompletionRequestPrompt1 | CreateCompletionRequestPrompt2 | CreateCompletionRequestPrompt3
+    max_tokens: CreateCompletionRequestMaxTokens | None = None
+    temperature: CreateCompletionRequestTemperature | None = None
+    top_p: CreateCompletionRequestTopP | None = None
+    presence_penalty: CreateCompletionRequestPresencePenalty | None = None
+    frequency_penalty: CreateCompletionRequestFrequencyPenalty | None = None
+    seed: JSONInt | None = None
+    stop: StrictStr | CreateCompletionRequestStop | None = None
+    n: CreateCompletionRequestN | None = None
+    best_of: CreateCompletionRequestBestOf | None = None
+    logprobs: CreateCompletionRequestLogprobs | None = None
+    echo: StrictBool | None = None
+    stream: StrictBool | None = None
+    stream_options: CreateCompletionRequestStreamOptions | None = None
+    logit_bias: dict[str, Any] | None = None
+    user: StrictStr | None = None
+
+
+class CreateCompletionRequestBestOf(RootModel[JSONInt]):
+    root: Annotated[JSONInt, Field(ge=1, le=128)]
+
+
+class CreateCompletionRequestFrequencyPenalty(RootModel[StrictFloat]):
+    root: Annotated[StrictFloat, Field(ge=-2.0, le=2.0)]
+
+
+class CreateCompletionRequestLogprobs(RootModel[JSONInt]):
+    root: Annotated[JSONInt, Field(ge=0, le=20)]
+
+
+class CreateCompletionRequestMaxTokens(RootModel[JSONInt]):
+    root: Annotated[JSONInt, Field(ge=0)]
+
+
+class CreateCompletionRequestN(RootModel[JSONInt]):
+    root: Annotated[JSONInt, Field(ge=1, le=128)]
+
+
+class CreateCompletionRequestPresencePenalty(RootModel[StrictFloat]):
+    root: Annotated[StrictFloat, Field(ge=-2.0, le=2.0)]
+
+
+class CreateCompletionRequestPrompt(RootModel[StrictStr]):
+    root: Annotated[StrictStr, Field(min_length=1)]
+
+
+class CreateCompletionRequestPrompt1CreateCompletionRequestPrompt1Item(
+    RootModel[StrictStr]
+):
+    root: Annotated[StrictStr, Field(min_length=1)]
+
+
+class CreateCompletionRequestPrompt1(
+    RootModel[list[CreateCompletionRequestPrompt1CreateCompletionRequestPrompt1Item]]
+):
+    root: Annotated[
+        list[CreateCompletionRequestPrompt1CreateCompletionRequestPrompt1Item],
+        Field(min_length=1),
+    ]
+
+
+class CreateCompletionRequestPrompt2CreateCompletionRequestPrompt2Item(
+    RootModel[JSONInt]
+):
+    root: Annotated[JSONInt, Field(ge=0)]
+
+
+class CreateCompletionRequestPrompt2(
+    RootModel[list[CreateCompletionRequestPrompt2CreateCompletionRequestPrompt2Item]]
+):
+    root: Annotated[
+        list[CreateCompletionRequestPrompt2CreateCompletionRequestPrompt2Item],
+        Field(min_length=1),
+    ]
+
+
+class CreateCompletionRequestPrompt3CreateCompletionRequestPrompt3ItemCreateCompletionRequestPrompt3CreateCompletionRequestPrompt3ItemItem(
+    RootModel[JSONInt]
+):
+    root: Annotated[JSONInt, Field(ge=0)]
+
+
+class CreateCompletionRequestPrompt3CreateCompletionRequestPrompt3Item(
+    RootModel[list[CreateCompletionRequestPrompt3CreateCompletionRequestPrompt3ItemCreateCompletionRequestPrompt3CreateCompletionRequestPrompt3ItemItem]]
+):
+    root: Annotated[
+        list[CreateCompletionRequestPrompt3CreateCompletionRequestPrompt3ItemCreateCompletionRequestPrompt3CreateCompletionRequestPrompt3ItemItem],
+        Field(min_length=1),
+    ]
+
+
+class CreateCompletionRequestPrompt3(
+    RootModel[list[CreateCompletionRequestPrompt3CreateCompletionRequestPrompt3Item]]
+):
+    root: Annotated[
+        list[CreateCompletionRequestPrompt3CreateCompletionRequestPrompt3Item],
+        Field(min_length=1),
+    ]
+
+
+class CreateCompletionRequestStop(RootModel[list[StrictStr]]):
+    root: Annotated[list[StrictStr], Field(max_length=16)]
+
+
+class CreateCompletionRequestStreamOptions(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    include_usage: StrictBool | None = None
+
+
+class CreateCompletionRequestTemperature(RootModel[StrictFloat]):
+    root: Annotated[StrictFloat, Field(ge=0.0, le=2.0)]
+
+
+class CreateCompletionRequestTopP(RootModel[StrictFloat]):
+    root: Annotated[StrictFloat, Field(ge=0.0, le=1.0)]
+
+
+class CreateCompletionResponse(BaseModel):
+    id: StrictStr
+    choices: list[CreateCompletionResponseChoice]
+    created: JSONInt
+    model: StrictStr
+    system_fingerprint: StrictStr | None = None
+    object: CreateCompletionResponseObject
+    usage: CompletionUsage | None = None
+
+
+class CreateCompletionResponseChoice(BaseModel):
+    index: JSONInt
+    text: StrictStr
+    finish_reason: CreateCompletionResponseChoiceFinishReason | None
+    logprobs: CreateCompletionResponseChoiceLogprobs | None
+
+
+class CreateCompletionResponseChoiceFinishReason(StrEnum):
+    stop = "stop"
+    length = "length"
+    content_filter = "content_filter"
+
+
+class CreateCompletionResponseChoiceLogprobs(BaseModel):
+    text_offset: list[JSONInt]
+    token_logprobs: list[StrictFloat | None]
+    tokens: list[StrictStr]
+    top_logprobs: list[dict[str, StrictFloat] | None]
+
+
+class CreateCompletionResponseObject(StrEnum):
+    text_completion = "text_completion"
+
+
 class CreateEmbeddingRequest(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
@@ -1396,12 +1565,13 @@ class CreateResponse(BaseModel):
         CreateResponseMaxOutputTokens | CreateResponseMaxOutputTokens1 | None
     ) = None
     tools: Annotated[list[ResponsesRequestTool], Field(validate_default=True)] = []
-    tool_choice: CreateResponseToolChoice = "auto"
+    tool_choice: CreateResponseToolChoice | ResponsesRequestFunctionChoice | None = None
     text: ResponsesRequestText | None = None
+    top_logprobs: Annotated[JSONInt | None, Field(ge=0, le=20)] = None
     truncation: CreateResponseTruncation = "disabled"
     store: CreateResponseStore = False
     background: CreateResponseBackground = False
-    parallel_tool_calls: StrictBool = False
+    parallel_tool_calls: StrictBool = True
     client_metadata: dict[str, Any] = {}
     prompt_cache_key: StrictStr = ""
     reasoning: ResponsesRequestReasoning | None = None
@@ -1414,6 +1584,7 @@ class CreateResponseBackground(Enum):
 
 class CreateResponseIncludeEnum(StrEnum):
     reasoning_encrypted_content = "reasoning.encrypted_content"
+    message_output_text_logprobs = "message.output_text.logprobs"
 
 
 class CreateResponseInput(RootModel[StrictStr]):
@@ -1435,6 +1606,7 @@ class CreateResponseStore(Enum):
 class CreateResponseToolChoice(StrEnum):
     auto = "auto"
     none = "none"
+    required = "required"
 
 
 class CreateResponseTruncation(StrEnum):
@@ -4306,6 +4478,18 @@ class ResponsesRequestFunctionCallOutputItemType(StrEnum):
     function_call_output = "function_call_output"
 
 
+class ResponsesRequestFunctionChoice(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    type: ResponsesRequestFunctionChoiceType
+    name: Annotated[StrictStr, Field(min_length=1)]
+
+
+class ResponsesRequestFunctionChoiceType(StrEnum):
+    function = "function"
+
+
 class ResponsesRequestFunctionTool(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
@@ -4314,11 +4498,7 @@ class ResponsesRequestFunctionTool(BaseModel):
     name: Annotated[StrictStr, Field(min_length=1)]
     description: StrictStr | None = None
     parameters: dict[str, Any] = {}
-    strict: ResponsesRequestFunctionToolStrict = False
-
-
-class ResponsesRequestFunctionToolStrict(Enum):
-    boolean_False = False
+    strict: StrictBool = False
 
 
 class ResponsesRequestFunctionToolType(StrEnum):
@@ -4403,14 +4583,55 @@ class ResponsesRequestText(BaseModel):
     format: ResponsesRequestTextFormat | None = None
 
 
-class ResponsesRequestTextFormat(BaseModel):
+class ResponsesRequestTextFormatJsonObject(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
     )
-    type: ResponsesRequestTextFormatType
+    type: Literal["json_object"]
 
 
-class ResponsesRequestTextFormatType(StrEnum):
+class ResponsesRequestTextFormatJsonObjectType(StrEnum):
+    json_object = "json_object"
+
+
+class ResponsesRequestTextFormatJsonSchema(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    type: Literal["json_schema"]
+    name: Annotated[
+        StrictStr, Field(max_length=64, min_length=1, pattern="^[a-zA-Z0-9_-]+$")
+    ]
+    description: StrictStr | None = None
+    schema_: Annotated[dict[str, Any], Field(alias="schema")]
+    strict: StrictBool | None = None
+
+
+class ResponsesRequestTextFormatJsonSchemaType(StrEnum):
+    json_schema = "json_schema"
+
+
+class ResponsesRequestTextFormatText(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    type: Literal["text"]
+
+
+class ResponsesRequestTextFormat(
+    RootModel[
+        ResponsesRequestTextFormatText
+        | ResponsesRequestTextFormatJsonObject
+        | ResponsesRequestTextFormatJsonSchema
+    ]
+):
+    root: Annotated[
+        ResponsesRequestTextFormatText | ResponsesRequestTextFormatJsonObject | ResponsesRequestTextFormatJsonSchema,
+        Field(discriminator="type"),
+    ]
+
+
+class ResponsesRequestTextFormatTextType(StrEnum):
     text = "text"
 
 

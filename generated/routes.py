@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from swama.generated import decisions_models, openai_models, systemone_models, workers_ai_models
+from swama.generated import decisions_models, openai_models, systemone_models, tokenize_models, workers_ai_models
 from swama.handlers.http.pipeline import Operation, dispatch
 
 router = APIRouter()
@@ -32,6 +32,17 @@ OPERATIONS: dict[str, Operation] = {
         media_type='application/json',
         request_model=openai_models.CreateChatCompletionRequest,
         response_model=openai_models.CreateChatCompletionResponse,
+        error_model=openai_models.ErrorResponse,
+    ),
+    'createCompletion': Operation(
+        operation_id='createCompletion',
+        method='POST',
+        path='/v1/completions',
+        family='openai',
+        handler='routes.completions:create_completion',
+        media_type='application/json',
+        request_model=openai_models.CreateCompletionRequest,
+        response_model=openai_models.CreateCompletionResponse,
         error_model=openai_models.ErrorResponse,
     ),
     'createResponse': Operation(
@@ -144,6 +155,28 @@ OPERATIONS: dict[str, Operation] = {
         response_model=workers_ai_models.WorkersAiClefFlashResponse,
         error_model=workers_ai_models.WorkersAiErrorResponse,
     ),
+    'tokenize': Operation(
+        operation_id='tokenize',
+        method='POST',
+        path='/tokenize',
+        family='tokenize',
+        handler='routes.tokenize:tokenize',
+        media_type='application/json',
+        request_model=tokenize_models.TokenizeRequest,
+        response_model=tokenize_models.TokenizeResponse,
+        error_model=tokenize_models.ErrorResponse,
+    ),
+    'detokenize': Operation(
+        operation_id='detokenize',
+        method='POST',
+        path='/detokenize',
+        family='tokenize',
+        handler='routes.tokenize:detokenize',
+        media_type='application/json',
+        request_model=tokenize_models.DetokenizeRequest,
+        response_model=tokenize_models.DetokenizeResponse,
+        error_model=tokenize_models.ErrorResponse,
+    ),
 }
 
 
@@ -155,6 +188,11 @@ async def list_models(request: Request) -> Response:
 @router.post('/v1/chat/completions', operation_id='createChatCompletion')
 async def create_chat_completion(request: Request) -> Response:
     return await dispatch(OPERATIONS['createChatCompletion'], request)
+
+
+@router.post('/v1/completions', operation_id='createCompletion')
+async def create_completion(request: Request) -> Response:
+    return await dispatch(OPERATIONS['createCompletion'], request)
 
 
 @router.post('/v1/responses', operation_id='createResponse')
@@ -205,3 +243,13 @@ async def run_clef_unprefixed(request: Request) -> Response:
 @router.post('/accounts/{account_id}/ai/run/@cf/cloudflare/clef-flash', operation_id='runClefFlashUnprefixed')
 async def run_clef_flash_unprefixed(request: Request) -> Response:
     return await dispatch(OPERATIONS['runClefFlashUnprefixed'], request)
+
+
+@router.post('/tokenize', operation_id='tokenize')
+async def tokenize(request: Request) -> Response:
+    return await dispatch(OPERATIONS['tokenize'], request)
+
+
+@router.post('/detokenize', operation_id='detokenize')
+async def detokenize(request: Request) -> Response:
+    return await dispatch(OPERATIONS['detokenize'], request)

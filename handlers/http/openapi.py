@@ -16,7 +16,7 @@ import yaml
 from swama.generated.routes import OPERATIONS
 from swama.handlers.http.version import package_version
 
-SPEC_FILES = ("openai.yaml", "decisions.yaml", "systemone.yaml", "workers_ai.yaml")
+SPEC_FILES = ("openai.yaml", "decisions.yaml", "systemone.yaml", "workers_ai.yaml", "tokenize.yaml")
 
 
 @functools.cache

@@ -13,8 +13,13 @@ import pydantic
 from fastapi import Response
 from fastapi.responses import StreamingResponse
 
-from swama.engine.client import Cancelled, ChatRequest, Finished, Task, TextDelta, ToolCallEvent
-from swama.generated.openai_models import ChatCompletionTool, CreateChatCompletionRequest
+from swama.engine.client import Cancelled, ChatRequest, Finished, Logprobs, Task, TextDelta, ToolCallEvent
+from swama.generated.openai_models import (
+    ChatCompletionNamedToolChoice,
+    ChatCompletionTool,
+    CreateChatCompletionRequest,
+    ResponseFormatJsonSchema,
+)
 from swama.handlers.http.errors import bad_request
 from swama.handlers.http.pipeline import Call, route
 from swama.handlers.http.streaming import collect_or_cancel, start_stream
@@ -22,6 +27,7 @@ from swama.handlers.media.images import ImageRef, valid_image_url
 from swama.handlers.routes.chat_render import chunks, completion
 from swama.handlers.routes.chat_wording import CHAT_ROLES, RULES
 from swama.handlers.routes.turns import (
+    OutputRules,
     Turn,
     attach_images,
     chat_request,
@@ -113,12 +119,31 @@ def request_from(request: CreateChatCompletionRequest, context_limit: int) -> tu
         repetition_context_size=request.repetition_context_size,
         presence_penalty=_value(request.presence_penalty), frequency_penalty=_value(request.frequency_penalty),
         seed=request.seed)
-    choice = _value(request.tool_choice)
     turns = turns_from(request.messages)
     chat = chat_request(turns, sampling=options, max_tokens=max_tokens, stop=stop,
-                        tools=tools_from(request.tools), tool_choice=choice if isinstance(choice, str) else None,
+                        tools=tools_from(request.tools), rules=output_rules(request),
                         context_limit=request.context_limit or context_limit)
     return chat, image_refs(turns)
+
+
+def output_rules(request: CreateChatCompletionRequest) -> OutputRules:
+    """response_format, tool_choice, strict functions, parallel_tool_calls and logprobs."""
+    choice = _value(request.tool_choice)
+    named = choice.function.name if isinstance(choice, ChatCompletionNamedToolChoice) else None
+    fmt = _value(request.response_format)
+    kind = str(fmt.type) if fmt is not None else "text"
+    schema = None
+    if isinstance(fmt, ResponseFormatJsonSchema):
+        body = fmt.json_schema.schema_
+        schema = body.model_dump(by_alias=True) if body is not None else {}
+    top = _value(request.top_logprobs)
+    if top is not None and not request.logprobs:
+        raise bad_request("top_logprobs requires logprobs to be true.", param="top_logprobs")
+    strict = frozenset(t.function.name for t in request.tools or [] if t.function.strict)
+    return OutputRules(format=kind, schema=schema,
+                       tool_choice="function" if named else str(choice or "auto"), function=named,
+                       strict=strict, parallel=request.parallel_tool_calls is not False,
+                       logprobs=(top or 0) if request.logprobs else None)
 
 
 @route(RULES)
@@ -135,14 +160,17 @@ async def create_chat_completion(call: Call, parsed: CreateChatCompletionRequest
         events = await start_stream(events)
         return StreamingResponse(chunks(events, ident, created, model), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
-    text, calls, done = [], [], None
+    text, calls, done, logprobs = [], [], None, []
     async for event in collect_or_cancel(call.request, events):
         if isinstance(event, TextDelta):
             text.append(event.text)
+        elif isinstance(event, Logprobs):
+            logprobs += event.entries
         elif isinstance(event, ToolCallEvent):
             calls.append(event.call)
         elif isinstance(event, Finished):
             done = event
     if done is None:
         raise Cancelled()
-    return completion(ident, created, model, "".join(text), calls, done)
+    return completion(ident, created, model, "".join(text), calls, done,
+                      logprobs if request.logprobs is not None else None)

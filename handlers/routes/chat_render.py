@@ -6,7 +6,15 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from swama.engine.client import EngineError, Finished, TextDelta, ToolCallEvent
+from swama.engine.client import (
+    EngineError,
+    Finished,
+    Logprobs,
+    TextDelta,
+    TokenLogprob,
+    ToolCallEvent,
+    TopLogprob,
+)
 
 
 def _wire_call(index: int, call: Any) -> dict[str, Any]:
@@ -20,8 +28,19 @@ def _usage(done: Finished) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": done.cached_tokens}}
 
 
-def completion(ident: str, created: int, model: str, text: str, calls: list[Any], done: Finished) -> dict[str, Any]:
-    """The non-streaming chat.completion object."""
+def _alternative(entry: TopLogprob) -> dict[str, Any]:
+    return {"token": entry.token, "logprob": entry.logprob, "bytes": list(entry.bytes)}
+
+
+def wire_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
+    """A choice's `logprobs`: each token with its most probable alternatives."""
+    return {"content": [{**_alternative(e), "top_logprobs": [_alternative(t) for t in e.top]} for e in entries],
+            "refusal": None}
+
+
+def completion(ident: str, created: int, model: str, text: str, calls: list[Any], done: Finished,
+               logprobs: list[TokenLogprob] | None = None) -> dict[str, Any]:
+    """The non-streaming chat.completion object (`logprobs` None: not asked for)."""
     message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
     if calls:
         message["tool_calls"] = [_wire_call(i, c) for i, c in enumerate(calls)]
@@ -29,21 +48,27 @@ def completion(ident: str, created: int, model: str, text: str, calls: list[Any]
             c.pop("index")
     return {"id": ident, "object": "chat.completion", "created": created, "model": model,
             "choices": [{"index": 0, "message": message, "finish_reason": done.finish_reason,
-                         "logprobs": None}],
+                         "logprobs": wire_logprobs(logprobs) if logprobs is not None else None}],
             "usage": _usage(done)}
 
 
 async def chunks(events: AsyncIterator[Any], ident: str, created: int, model: str) -> AsyncIterator[bytes]:
+    pending: list[TokenLogprob] = []  # log probabilities of tokens whose text is not sent yet
+
     def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+        logprobs = wire_logprobs(pending) if pending else None
+        pending.clear()
         body = {"id": ident, "object": "chat.completion.chunk", "created": created, "model": model,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}], **extra}
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}], **extra}
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n".encode()
 
     yield chunk({"role": "assistant", "content": ""})
     index = 0
     try:
         async for event in events:
-            if isinstance(event, TextDelta):
+            if isinstance(event, Logprobs):
+                pending.extend(event.entries)
+            elif isinstance(event, TextDelta):
                 yield chunk({"content": event.text})
             elif isinstance(event, ToolCallEvent):
                 yield chunk({"tool_calls": [_wire_call(index, event.call)]})

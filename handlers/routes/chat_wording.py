@@ -17,7 +17,7 @@ from swama.handlers.http.schema_errors import openai_schema_error, user_path
 
 CHAT_ROLES = "Must be 'system', 'user', 'assistant', or 'tool'"
 # Fields the schema narrows to the one value this server honours: any other value is refused by name.
-SINGLE_VALUED = frozenset({"n", "logprobs", "modalities", "response_format"})
+SINGLE_VALUED = frozenset({"n", "modalities"})
 # Ranges of the swama extensions and token counts: the engine's wording (Sampling.check).
 ENGINE_RANGES = frozenset({"top_k", "min_p", "repetition_penalty", "repetition_context_size", "max_tokens",
                            "max_completion_tokens"})
@@ -71,7 +71,7 @@ def schema_error(exc: pydantic.ValidationError, data: Any = None) -> ApiError:
 # a spec change adds to the model is refused until it is listed here.
 HANDLED = frozenset({
     "model", "messages", "stream", "temperature", "top_p", "max_tokens", "max_completion_tokens",
-    "presence_penalty", "frequency_penalty", "seed", "stop", "tools", "tool_choice", "n", "logprobs",
+    "presence_penalty", "frequency_penalty", "seed", "stop", "tools", "tool_choice", "n", "logprobs", "top_logprobs",
     "modalities", "response_format", "top_k", "min_p", "repetition_penalty", "repetition_context_size",
     "context_limit", "stream_options", "parallel_tool_calls", "store", "user", "safety_identifier",
     "prompt_cache_key", "metadata",

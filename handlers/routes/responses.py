@@ -20,9 +20,11 @@ from swama.generated.openai_models import (
     CreateResponse,
     ResponsesRequestFunctionCallItem,
     ResponsesRequestFunctionCallOutputItem,
+    ResponsesRequestFunctionChoice,
     ResponsesRequestFunctionTool,
     ResponsesRequestImagePart,
     ResponsesRequestMessageItem,
+    ResponsesRequestTextFormatJsonSchema,
 )
 from swama.handlers.http.pipeline import Call, route
 from swama.handlers.http.streaming import collect_or_cancel, start_stream
@@ -36,6 +38,7 @@ from swama.handlers.routes.responses_render import (
 )
 from swama.handlers.routes.responses_wording import ROUTE_RULES, check_nulls, malformed, unsupported
 from swama.handlers.routes.turns import (
+    OutputRules,
     Turn,
     attach_images,
     chat_request,
@@ -57,8 +60,10 @@ class ResponseRequest:
     stream: bool = False
     instructions: str | None = None
     tools: list[dict[str, Any]] = field(default_factory=list)  # echo form; empty for tool_choice "none"
-    tool_choice: str = "auto"
-    parallel_tool_calls: bool = False
+    tool_choice: str | dict[str, Any] = "auto"  # as echoed: a mode, or the function it forces
+    parallel_tool_calls: bool = True
+    text_format: dict[str, Any] = field(default_factory=lambda: {"type": "text"})  # as echoed
+    top_logprobs: int | None = None
     temperature: float = 0.0
     top_p: float = 0.0
     max_output_tokens: int | None = None
@@ -107,7 +112,21 @@ def _turns(request: CreateResponse, images: list[ImageRef]) -> list[Turn]:
 
 def _echoed_tool(tool: ResponsesRequestFunctionTool) -> dict[str, Any]:
     return {"type": "function", "name": tool.name, "description": tool.description,
-            "parameters": tool.parameters, "strict": False}
+            "parameters": tool.parameters, "strict": bool(tool.strict)}
+
+
+def _output_rules(request: CreateResponse, functions: list[ResponsesRequestFunctionTool]) -> OutputRules:
+    """text.format, tool_choice, strict functions, parallel_tool_calls and the logprobs include."""
+    fmt = request.text.format.root if request.text is not None and request.text.format is not None else None
+    choice = request.tool_choice
+    named = choice.name if isinstance(choice, ResponsesRequestFunctionChoice) else None
+    logprobs = "message.output_text.logprobs" in {str(i) for i in request.include}
+    return OutputRules(
+        format=str(fmt.type) if fmt is not None else "text",
+        schema=fmt.schema_ if isinstance(fmt, ResponsesRequestTextFormatJsonSchema) else None,
+        tool_choice="function" if named else str(choice or "auto"), function=named,
+        strict=frozenset(t.name for t in functions if t.strict), parallel=request.parallel_tool_calls,
+        logprobs=(request.top_logprobs or 0) if logprobs else None)
 
 
 def response_request(request: CreateResponse, *, context_limit: int) -> ResponseRequest:
@@ -117,17 +136,24 @@ def response_request(request: CreateResponse, *, context_limit: int) -> Response
     turns = _turns(request, images)
     # The offline web_search tool is dropped here: no search ever runs.
     functions = [t.root for t in request.tools if isinstance(t.root, ResponsesRequestFunctionTool)]
-    tool_choice = str(request.tool_choice)
-    echoed = [] if tool_choice == "none" else [_echoed_tool(t) for t in functions]
+    rules = _output_rules(request, functions)
+    echoed = [] if rules.tool_choice == "none" else [_echoed_tool(t) for t in functions]
     options = sampling(temperature=request.temperature, top_p=request.top_p)
     max_tokens = None if request.max_output_tokens is None else int(request.max_output_tokens.root)
-    chat = chat_request(turns, sampling=options, context_limit=context_limit, tool_choice=tool_choice,
+    chat = chat_request(turns, sampling=options, context_limit=context_limit, rules=rules, params=(None, None),
                         tools=[function_tool(t.name, t.description, t.parameters) for t in functions],
                         max_tokens=max_tokens)
+    choice = request.tool_choice
+    fmt = request.text.format.root if request.text is not None and request.text.format is not None else None
     return ResponseRequest(model=request.model, chat=chat, stream=request.stream,
-                           instructions=request.instructions, tools=echoed, tool_choice=tool_choice,
+                           instructions=request.instructions, tools=echoed,
+                           tool_choice=(choice.model_dump() if isinstance(choice, ResponsesRequestFunctionChoice)
+                                        else str(choice or "auto")),
                            parallel_tool_calls=request.parallel_tool_calls, temperature=options.temperature,
-                           top_p=options.top_p, max_output_tokens=max_tokens, images=images)
+                           top_p=options.top_p, max_output_tokens=max_tokens, images=images,
+                           text_format=fmt.model_dump(by_alias=True, exclude_none=True) if fmt is not None
+                           else {"type": "text"},
+                           top_logprobs=request.top_logprobs)
 
 
 # -- the handler -----------------------------------------------------------------------------------

@@ -15,7 +15,16 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from swama.engine.client import Event, Finished, TextDelta, ToolCall, ToolCallEvent
+from swama.engine.client import (
+    Event,
+    Finished,
+    Logprobs,
+    TextDelta,
+    TokenLogprob,
+    ToolCall,
+    ToolCallEvent,
+    TopLogprob,
+)
 
 if TYPE_CHECKING:  # the request module imports this one to answer
     from swama.handlers.routes.responses import ResponseRequest
@@ -47,13 +56,22 @@ def sorted_arguments(arguments: str) -> str:
 
 # -- items -----------------------------------------------------------------------------------------
 
-def output_text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def wire_logprobs(entries: list[TokenLogprob]) -> list[dict[str, Any]]:
+    """Responses' log probabilities: each token with its most probable alternatives."""
+    def one(e: TopLogprob) -> dict[str, Any]:
+        return {"token": e.token, "logprob": e.logprob, "bytes": list(e.bytes)}
+
+    return [{**one(e), "top_logprobs": [one(t) for t in e.top]} for e in entries]
 
 
-def message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+def output_text_part(text: str, logprobs: list[TokenLogprob] | None = None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": wire_logprobs(logprobs or [])}
+
+
+def message_item(item_id: str, text: str, status: str = "completed",
+                 logprobs: list[TokenLogprob] | None = None) -> dict[str, Any]:
     return {"id": item_id, "type": "message", "role": "assistant", "status": status,
-            "content": [output_text_part(text)]}
+            "content": [output_text_part(text, logprobs)]}
 
 
 def message_stub(item_id: str) -> dict[str, Any]:
@@ -87,7 +105,7 @@ def response_object(req: ResponseRequest, *, id: str, created_at: int, status: s
         "tools": req.tools, "temperature": float(req.temperature), "top_p": float(req.top_p),
         "max_output_tokens": req.max_output_tokens, "instructions": req.instructions,
         "previous_response_id": None, "truncation": "disabled", "store": False, "background": False,
-        "metadata": {}, "text": {"format": {"type": "text"}}, "error": error,
+        "metadata": {}, "text": {"format": req.text_format}, "top_logprobs": req.top_logprobs, "error": error,
         "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None,
         "usage": usage, "user": None,
     }
@@ -127,6 +145,8 @@ class ResponseStream:
         self._slots: list[_Slot] = []
         self._text_slot: _Slot | None = None
         self._text: list[str] = []
+        self._logprobs: list[TokenLogprob] = []  # every text token's, in order
+        self._pending = 0  # how many of them wait for the text delta they belong to
         self._terminated = False
 
     @property
@@ -154,6 +174,10 @@ class ResponseStream:
 
     def feed(self, event: Event) -> list[Frame]:
         if self._terminated:
+            return []
+        if isinstance(event, Logprobs):
+            self._logprobs += event.entries
+            self._pending += len(event.entries)
             return []
         if isinstance(event, TextDelta):
             return self._text_delta(event.text)
@@ -188,8 +212,10 @@ class ResponseStream:
             ]
         self._text.append(text)
         slot = self._text_slot
+        fresh = self._logprobs[len(self._logprobs) - self._pending:] if self._pending else []
+        self._pending = 0
         frames.append(self._frame("response.output_text.delta", item_id=slot.item_id, output_index=slot.index,
-                                  content_index=0, logprobs=[], delta=text))
+                                  content_index=0, logprobs=wire_logprobs(fresh), delta=text))
         return frames
 
     def _tool_call(self, call: ToolCall) -> list[Frame]:
@@ -209,7 +235,7 @@ class ResponseStream:
     def _item(self, slot: _Slot, text_status: str) -> dict[str, Any]:
         if slot.call is not None:
             return function_call_item(slot.item_id, slot.call)
-        return message_item(slot.item_id, "".join(self._text), text_status)
+        return message_item(slot.item_id, "".join(self._text), text_status, self._logprobs)
 
     def _finish(self, done: Finished) -> list[Frame]:
         incomplete = done.finish_reason == "length"
@@ -220,11 +246,11 @@ class ResponseStream:
             text = "".join(self._text)
             frames += [
                 self._frame("response.output_text.done", item_id=slot.item_id, output_index=slot.index,
-                            content_index=0, logprobs=[], text=text),
+                            content_index=0, logprobs=wire_logprobs(self._logprobs), text=text),
                 self._frame("response.content_part.done", item_id=slot.item_id, output_index=slot.index,
-                            content_index=0, part=output_text_part(text)),
+                            content_index=0, part=output_text_part(text, self._logprobs)),
                 self._frame("response.output_item.done", output_index=slot.index,
-                            item=message_item(slot.item_id, text, status)),
+                            item=message_item(slot.item_id, text, status, self._logprobs)),
             ]
         self._terminated = True
         self.response = self._object(status, [self._item(s, status) for s in self._slots],

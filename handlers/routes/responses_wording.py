@@ -70,7 +70,8 @@ ITEM_MEMBERS = {"ResponsesRequestMessageItem": MESSAGE, "ResponsesRequestFunctio
                 "ResponsesRequestFunctionCallOutputItem": OUTPUT}
 # Discriminator tags of content parts and tools, named by the rules below.
 TAG_MEMBERS = {"input_text": "text", "output_text": "text", "text": "text", "input_image": "input_image",
-               "function": "function", "web_search": "web_search"}
+               "function": "function", "web_search": "web_search", "json_object": "json_object",
+               "json_schema": "json_schema"}
 # Names pydantic gives the members of a plain (not discriminated) union.
 _UNION_TAGS = {"str", "bool", "int", "float", "list", "dict", "nullable"}
 
@@ -150,6 +151,11 @@ def _tool_choice(fault: Fault) -> ApiError:
     return unforceable_tool_choice("unknown")
 
 
+def _choice_type(fault: Fault) -> ApiError:
+    """A tool_choice object that is not a function choice: named by its type."""
+    return unforceable_tool_choice(fault.value if isinstance(fault.value, str) else "object")
+
+
 def _truncation(fault: Fault) -> ApiError:
     return unsupported("truncation:auto") if fault.value == "auto" else malformed(
         '`truncation` must be "disabled" or "auto"')
@@ -217,9 +223,12 @@ def _envelope_rules() -> list[Rule]:
         Rule(4, "text.format.type", WRONG_TYPE, _const(text_format)),
         Rule(4, "text.format.?", EXTRA, _key("text.format")),
         Rule(4, "text.format.type", ALL, _const(unsupported("text.format"))),
+        Rule(4, "text.format", frozenset({"union_tag_not_found"}), _const(text_format)),
+        Rule(4, "text.format", frozenset({"union_tag_invalid"}), _const(unsupported("text.format"))),
         Rule(5, "truncation", ALL, _typed(str, malformed("`truncation` must be a JSON string"), _truncation)),
         Rule(6, "instructions", ALL, _const(malformed("`instructions` must be a JSON string"))),
         Rule(7, "tool_choice", ALL, _tool_choice),
+        Rule(7, "tool_choice.type", ALL, _choice_type),
     ]
 
 
@@ -335,8 +344,8 @@ def _fault(error: Any) -> Fault:
     for part in error["loc"]:
         if part in ITEM_MEMBERS:
             members.append(ITEM_MEMBERS[part])
-        elif isinstance(previous, int) and part in TAG_MEMBERS:
-            members.append(TAG_MEMBERS[part])  # a discriminator tag right after an array index
+        elif (isinstance(previous, int) or tuple(path) == ("text", "format")) and part in TAG_MEMBERS:
+            members.append(TAG_MEMBERS[part])  # a discriminator tag: after an array index, or text.format's
         elif isinstance(part, str) and (part in _UNION_TAGS or "[" in part or part[:1].isupper()):
             pass  # a plain union's member: a generated RootModel's name or a pydantic type tag
         else:
@@ -428,7 +437,7 @@ def before_model(data: dict[str, Any]) -> None:
 FIELDS = frozenset({
     "model", "input", "instructions", "stream", "temperature", "top_p", "max_output_tokens", "tools",
     "tool_choice", "text", "truncation", "store", "background", "parallel_tool_calls", "client_metadata",
-    "prompt_cache_key", "reasoning", "include",
+    "prompt_cache_key", "reasoning", "include", "top_logprobs",
 })
 ROUTE_RULES = RouteRules(bad_json=bad_json, not_object=not_object, before_model=before_model,
                          schema_error=schema_error, handled=FIELDS, unhandled=unsupported)

@@ -9,7 +9,16 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from swama.engine.client import ChatRequest, EngineClient, InstalledModel, Sampling, Task
+from swama.engine.client import (
+    ChatRequest,
+    Constraint,
+    EngineClient,
+    InstalledModel,
+    Sampling,
+    Task,
+    ToolSpec,
+)
+from swama.handlers.http.errors import bad_request
 from swama.handlers.media.images import ImageRef, load_images, open_images
 
 EMPTY_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
@@ -88,14 +97,60 @@ def image_refs(turns: list[Turn]) -> list[ImageRef]:
     return [p for t in turns for p in t.parts if isinstance(p, ImageRef)]
 
 
+@dataclass(frozen=True)
+class OutputRules:
+    """What a request asks of the output's form, as both routes read it from their own fields."""
+
+    format: str = "text"  # text | json_object | json_schema
+    schema: dict[str, Any] | None = None
+    tool_choice: str = "auto"  # none | auto | required | function (a named one)
+    function: str | None = None  # the function a named tool_choice forces
+    strict: frozenset[str] = frozenset()  # functions whose arguments are held to their parameters
+    parallel: bool = True
+    logprobs: int | None = None  # top alternatives per token, or None for no log probabilities
+
+    def constraint(self, tools: list[dict[str, Any]], where: str | None,
+                   choice_param: str | None) -> Constraint | None:
+        """The engine's constraint; 400 where the request's fields contradict each other."""
+        names = [t["function"]["name"] for t in tools]
+        if self.format != "text":
+            if tools and self.tool_choice != "none":
+                raise bad_request("A JSON response format and tools cannot both hold: send tools with "
+                                  "tool_choice \"none\", or no tools.", param=where)
+            if self.format == "json_object":
+                return Constraint("json_object")
+            return Constraint("json_schema", json.dumps(self.schema or {}))
+        if self.tool_choice in ("required", "function") and not tools:
+            raise bad_request(f"tool_choice '{self.tool_choice}' needs at least one function in tools.",
+                              param=choice_param)
+        if self.tool_choice == "function" and self.function not in names:
+            raise bad_request(f"tool_choice names function '{self.function}', which is not among the request's "
+                              "tools.", param=choice_param)
+        specs = tuple(ToolSpec(t["function"]["name"], json.dumps(t["function"]["parameters"]),
+                               t["function"]["name"] in self.strict) for t in tools)
+        if self.tool_choice == "function":
+            return Constraint("tool_calls", tools=tuple(s for s in specs if s.name == self.function),
+                              parallel=self.parallel)
+        if self.tool_choice == "required":
+            return Constraint("tool_calls", tools=specs, parallel=self.parallel)
+        if self.tool_choice == "auto" and any(s.strict for s in specs):
+            return Constraint("tool_arguments", tools=specs, parallel=self.parallel)
+        return None
+
+
 def chat_request(turns: list[Turn], *, sampling: Sampling, context_limit: int,
-                 tools: list[dict[str, Any]] | None = None, tool_choice: str | None = None,
+                 tools: list[dict[str, Any]] | None = None, rules: OutputRules | None = None,
+                 params: tuple[str | None, str | None] = ("response_format", "tool_choice"),
                  max_tokens: int | None = None, stop: list[str] | None = None) -> ChatRequest:
-    """`tool_choice` "none" is enforced by never offering the tools to the model. Image parts stay
-    placeholders: the route loads them (`attach_images`) once it knows the model takes images."""
-    offered = None if tool_choice == "none" else (tools or None)
+    """`tool_choice` "none" is enforced by never offering the tools to the model; the other rules
+    become the engine's constraint (`params`: the fields its refusals name). Image parts stay placeholders: the route loads them
+    (`attach_images`) once it knows the model takes images."""
+    rules = rules or OutputRules()
+    offered = None if rules.tool_choice == "none" else (tools or None)
     return ChatRequest(messages=[t.message() for t in merge_adjacent_system(turns)], sampling=sampling,
-                       max_tokens=max_tokens, stop=list(stop or []), tools=offered, context_limit=context_limit)
+                       max_tokens=max_tokens, stop=list(stop or []), tools=offered, context_limit=context_limit,
+                       constraint=rules.constraint(offered or [], *params), logprobs=rules.logprobs,
+                       parallel_tool_calls=rules.parallel)
 
 
 async def attach_images(engine: EngineClient, request: ChatRequest, refs: list[ImageRef],

@@ -143,6 +143,27 @@ def test_sampled_tokens_agree_across_ranks(tiny_ranks: LiveServer) -> None:
     assert httpx.get(tiny_ranks.url + "/health", timeout=10).json()["ranks"]["state"] == "serving"
 
 
+def test_structured_outputs_and_logprobs_on_ranks(tiny_ranks: LiveServer, model_server: LiveServer) -> None:
+    """Every rank masks the same tokens (a rank that did not would sample others and fail the group);
+    log probabilities and a scored prompt come out as on one process."""
+    schema = {"type": "object", "additionalProperties": False, "required": ["n"],
+              "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}}}
+    extra = {"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}},
+             "logprobs": True, "top_logprobs": 3, "temperature": 0.9, "seed": 4}
+    split, whole = (_chat(s, TINY_ID, "Give a number.", 24, **extra)["choices"][0] for s in (tiny_ranks, model_server))
+    assert split["message"]["content"] == whole["message"]["content"]
+    if split["finish_reason"] == "stop":
+        assert 0 <= json.loads(split["message"]["content"])["n"] <= 99
+    pairs = zip(split["logprobs"]["content"], whole["logprobs"]["content"], strict=True)
+    assert all(abs(a["logprob"] - b["logprob"]) < 1e-4 for a, b in pairs)
+    prompts = [httpx.post(s.v1 + "/completions", timeout=120, json={
+        "model": TINY_ID, "prompt": "One two three four", "max_tokens": 0, "echo": True, "logprobs": 2}).json()
+        for s in (tiny_ranks, model_server)]
+    a, b = (p["choices"][0]["logprobs"]["token_logprobs"][1:] for p in prompts)
+    assert len(a) == len(b) > 0 and max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-4
+    assert httpx.get(tiny_ranks.url + "/health", timeout=10).json()["ranks"]["state"] == "serving"
+
+
 def test_smollm2_across_three_ranks_answers_as_one_process(model_store: Path, model_server: LiveServer) -> None:
     # SmolLM2's 9 attention heads and 3 key/value heads split over 3 ranks, not 2. Three ranks on
     # two cores wait on each other at every layer's collective: a few tokens are enough here.

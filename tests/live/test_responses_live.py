@@ -83,7 +83,7 @@ def test_function_call_round_trip(client: openai.OpenAI) -> None:
         {"type": "function_call_output", "call_id": "call_1", "output": "18 degrees and sunny"},
     ])
     assert r.status in ("completed", "incomplete")
-    assert r.tools[0].name == "get_weather" and r.parallel_tool_calls is False
+    assert r.tools[0].name == "get_weather" and r.parallel_tool_calls is True
     calls = [item for item in r.output if item.type == "function_call"]
     for call in calls:
         assert call.name == "get_weather" and isinstance(json.loads(call.arguments), dict)

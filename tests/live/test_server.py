@@ -14,11 +14,13 @@ from live_server import LiveServer, start_server
 
 CLEF_ROUTES = [f"{prefix}/accounts/{{account_id}}/ai/run/@cf/cloudflare/{model}"
                for prefix in ("/client/v4", "") for model in ("clef", "clef-flash")]
-POST_ROUTES = ["/v1/chat/completions", "/v1/responses", "/v1/embeddings", "/v1/audio/transcriptions",
-               "/v1/audio/speech", "/v1/decisions", "/v1/systemone",
-               *(route.replace("{account_id}", "acct") for route in CLEF_ROUTES)]
-OPENAI_ROUTES = {"/v1/chat/completions", "/v1/responses", "/v1/embeddings", "/v1/audio/transcriptions",
-                 "/v1/audio/speech"}
+POST_ROUTES = ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings",
+               "/v1/audio/transcriptions", "/v1/audio/speech", "/v1/decisions", "/v1/systemone",
+               *(route.replace("{account_id}", "acct") for route in CLEF_ROUTES),
+               # vLLM's tokenizer routes (their own spec document), answered in the OpenAI envelope.
+               "/tokenize", "/detokenize"]
+OPENAI_ROUTES = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings",
+                 "/v1/audio/transcriptions", "/v1/audio/speech", "/tokenize", "/detokenize"}
 MiB = 1024 * 1024
 
 

@@ -269,7 +269,7 @@ def test_response_object_fields() -> None:
                   {"type": "function", "name": "get_goal", "description": None, "parameters": {}, "strict": False}],
         "temperature": 1.0, "top_p": 0.9, "max_output_tokens": 64, "instructions": "Be brief.",
         "previous_response_id": None, "truncation": "disabled", "store": False, "background": False,
-        "metadata": {}, "text": {"format": {"type": "text"}}, "error": None, "incomplete_details": None,
+        "metadata": {}, "text": {"format": {"type": "text"}}, "top_logprobs": None, "error": None, "incomplete_details": None,
         "usage": {"input_tokens": 1, "output_tokens": 2, "total_tokens": 3,
                   "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                   "output_tokens_details": {"reasoning_tokens": 0}},
@@ -282,7 +282,7 @@ def test_response_object_defaults() -> None:
     obj = response_object(request(), id="resp_1", created_at=5, status="in_progress", output=[], usage=None)
     check_response(obj)
     assert (obj["temperature"], obj["top_p"], obj["max_output_tokens"], obj["instructions"]) == (0.6, 1.0, None, None)
-    assert (obj["tools"], obj["tool_choice"], obj["parallel_tool_calls"]) == ([], "auto", False)
+    assert (obj["tools"], obj["tool_choice"], obj["parallel_tool_calls"]) == ([], "auto", True)
 
 
 def test_tool_choice_none_echoes_no_tools() -> None:

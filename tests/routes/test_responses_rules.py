@@ -119,7 +119,7 @@ REJECTED: list[tuple[str, Any, tuple[str, str]]] = [
         ("previous_response_id", "resp_1"), ("conversation", "conv_1"), ("prompt", {"id": "p"}),
         ("response_format", {"type": "json_object"}), ("max_tool_calls", 3), ("service_tier", "auto"),
         ("metadata", {}), ("user", "u"), ("safety_identifier", "s"), ("stream_options", {}),
-        ("top_logprobs", 2), ("context_management", []), ("prompt_cache_retention", "24h"),
+        ("context_management", []), ("prompt_cache_retention", "24h"),
         ("frobnicate", True), ("messages", [])]],
     ("unknown keys in sorted order", body(zeta=1, alpha=1, mid=1), unsupported("alpha")),
     # store / background / parallel_tool_calls
@@ -146,7 +146,7 @@ REJECTED: list[tuple[str, Any, tuple[str, str]]] = [
     ("reasoning summary null", body(reasoning={"summary": None}),
      malformed("`reasoning.summary` must be a JSON string")),
     ("include string", body(include="reasoning.encrypted_content"), malformed("`include` must be a JSON array")),
-    ("include other entry", body(include=["message.output_text.logprobs"]), unsupported("include")),
+    ("include other entry", body(include=["file_search_call.results"]), unsupported("include")),
     ("include mixed entries", body(include=["reasoning.encrypted_content", "file_search_call.results"]),
      unsupported("include")),
     ("include non-string entry", body(include=[1]), unsupported("include")),
@@ -159,9 +159,9 @@ REJECTED: list[tuple[str, Any, tuple[str, str]]] = [
      malformed("`text.format` must be an object with a string `type`")),
     ("text.format without type", body(text={"format": {}}),
      malformed("`text.format` must be an object with a string `type`")),
-    ("text.format json_object", body(text={"format": {"type": "json_object"}}), unsupported("text.format")),
-    ("text.format json_schema", body(text={"format": {"type": "json_schema", "name": "x", "schema": {}}}),
-     unsupported("text.format `name`")),
+    ("text.format other type", body(text={"format": {"type": "xml"}}), unsupported("text.format")),
+    ("text.format json_schema without schema", body(text={"format": {"type": "json_schema", "name": "x"}}),
+     malformed("the request does not match the schema")),
     ("text.format extra key", body(text={"format": {"type": "text", "strict": True}}),
      unsupported("text.format `strict`")),
     # truncation
@@ -173,9 +173,11 @@ REJECTED: list[tuple[str, Any, tuple[str, str]]] = [
     ("instructions null", body(instructions=None), malformed("`instructions` must be a JSON string")),
     ("instructions items", body(instructions=[msg()]), malformed("`instructions` must be a JSON string")),
     # tool_choice
-    ("tool_choice required", body(tool_choice="required"), tool_choice("required")),
+    ("tool_choice required without tools", body(tool_choice="required"),
+     ("invalid_value", "tool_choice 'required' needs at least one function in tools.")),
     ("tool_choice other string", body(tool_choice="any"), tool_choice("any")),
-    ("tool_choice function", body(tool_choice={"type": "function", "name": "f"}), tool_choice("function")),
+    ("tool_choice function not among tools", body(tools=[fn_tool()], tool_choice={"type": "function", "name": "g"}),
+     ("invalid_value", "tool_choice names function 'g', which is not among the request's tools.")),
     ("tool_choice web_search", body(tool_choice={"type": "web_search"}), tool_choice("web_search")),
     ("tool_choice allowed_tools", body(tool_choice={"type": "allowed_tools", "mode": "auto", "tools": []}),
      tool_choice("allowed_tools")),
@@ -306,7 +308,6 @@ REJECTED: list[tuple[str, Any, tuple[str, str]]] = [
     ("function tool extra key", body(tools=[fn_tool(defer_loading=True)]), unsupported("function tool `defer_loading`")),
     ("function tool without name", body(tools=[{"type": "function"}]), malformed("function tool requires a name")),
     ("function tool empty name", body(tools=[fn_tool("")]), malformed("function tool requires a name")),
-    ("function tool strict true", body(tools=[fn_tool(strict=True)]), unsupported("tools[].strict:true")),
     ("function tool strict string", body(tools=[fn_tool(strict="no")]), malformed("`strict` must be a JSON boolean")),
     ("function tool description number", body(tools=[fn_tool(description=5)]),
      malformed("tool `description` must be a JSON string")),
@@ -383,10 +384,10 @@ ORDERED_FAULTS: list[tuple[dict[str, Any], tuple[str, str]]] = [
     ({"store": True}, unsupported("store:true")),
     ({"parallel_tool_calls": 1}, malformed("`parallel_tool_calls` must be a JSON boolean")),
     ({"reasoning": {"effort": "high"}}, unsupported("reasoning `effort`")),
-    ({"text": {"format": {"type": "json_object"}}}, unsupported("text.format")),
+    ({"text": {"format": {"type": "xml"}}}, unsupported("text.format")),
     ({"truncation": "auto"}, unsupported("truncation:auto")),
     ({"instructions": 5}, malformed("`instructions` must be a JSON string")),
-    ({"tool_choice": "required"}, tool_choice("required")),
+    ({"tool_choice": "any"}, tool_choice("any")),
     ({"input": [{"type": "reasoning"}]}, unsupported("input item type `reasoning`")),
     ({"temperature": "hot"}, malformed("`temperature` must be a JSON number")),
     ({"tools": [{"type": "namespace"}]}, tool_type("namespace")),
@@ -477,7 +478,7 @@ def test_minimal_request_defaults() -> None:
     assert (req.chat.sampling.temperature, req.chat.sampling.top_p, req.chat.max_tokens) == (0.6, 1.0, None)
     assert req.chat.context_limit == 1234 and req.chat.tools is None and req.chat.stop == []
     assert (req.tools, req.tool_choice, req.parallel_tool_calls, req.instructions, req.images) == (
-        [], "auto", False, None, [])
+        [], "auto", True, None, [])
 
 
 ACCEPTED: list[tuple[str, dict[str, Any]]] = [
@@ -496,6 +497,11 @@ ACCEPTED: list[tuple[str, dict[str, Any]]] = [
     ("text format text", body(text={"format": {"type": "text"}})),
     ("truncation disabled", body(truncation="disabled")),
     ("tool_choice auto", body(tool_choice="auto")),
+    ("tool_choice required", body(tools=[fn_tool()], tool_choice="required")),
+    ("text format json_object", body(text={"format": {"type": "json_object"}})),
+    ("text format json_schema", body(text={"format": {"type": "json_schema", "name": "x", "schema": {}}})),
+    ("function tool strict true", body(tools=[fn_tool(strict=True)])),
+    ("include logprobs", body(include=["message.output_text.logprobs"], top_logprobs=3)),
     ("tool_choice none", body(tool_choice="none")),
     ("stream false", body(stream=False)),
     ("stream true", body(stream=True)),

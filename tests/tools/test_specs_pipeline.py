@@ -16,10 +16,11 @@ from tools.spec.commands import GENERATED, SPECS
 from tools.spec.sources import SOURCES
 
 SERVED = {
-    "GET /v1/models", "POST /v1/chat/completions", "POST /v1/responses", "POST /v1/embeddings",
+    "GET /v1/models", "POST /v1/chat/completions", "POST /v1/completions", "POST /v1/responses", "POST /v1/embeddings",
     "POST /v1/audio/transcriptions", "POST /v1/audio/speech", "POST /v1/decisions", "POST /v1/systemone",
     *(f"POST {prefix}/accounts/{{account_id}}/ai/run/@cf/cloudflare/{model}"
       for prefix in ("/client/v4", "") for model in ("clef", "clef-flash")),
+    "POST /tokenize", "POST /detokenize",
 }
 
 

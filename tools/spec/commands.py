@@ -1,6 +1,7 @@
 """The spec pipeline's command line.
 
     python -m tools.spec extract  [--openai F] [--decisions F] [--systemone F] [--clef F [--clef-flash F]]
+                                  [--tokenize F]   # our vLLM tokenizer document: rebuilt every time
     python -m tools.spec generate            # specs/ -> generated/
     python -m tools.spec check               # exit 1 when generated/ is stale or hand-edited
     python -m tools.spec diff OLD_DIR [NEW_DIR]
@@ -37,16 +38,21 @@ def _add_upstream_args(parser: argparse.ArgumentParser) -> None:
                         help="Cloudflare Clef model card, clef.json (with --systemone and/or --clef-flash)")
     parser.add_argument("--clef-flash", type=Path,
                         help="Cloudflare Clef-flash model card, clef-flash.json (with --clef): the Workers AI routes")
+    parser.add_argument("--tokenize", type=Path,
+                        help="our document of vLLM's /tokenize and /detokenize (default: "
+                             "tools/spec/written/vllm-tokenize.yaml; rebuilt on every extraction)")
 
 
 def _extract(args: argparse.Namespace, specs_dir: Path) -> None:
     given = {"openai": args.openai, "decisions": args.decisions, "systemone": args.systemone, "clef": args.clef,
-             "clef_flash": args.clef_flash}
+             "clef_flash": args.clef_flash, "tokenize": args.tokenize}
     if not any(given.values()):
         raise SystemExit("give at least one upstream file (--openai, --decisions, --systemone with --clef, "
-                         "--clef with --clef-flash)")
+                         "--clef with --clef-flash, --tokenize)")
     pins = spec_extract.extract_all(specs_dir, **given)
     names = {s.doc for key, s in SOURCES.items() if given[key]}
+    if (specs_dir / SOURCES["openai"].doc).exists():
+        names.add(SOURCES["tokenize"].doc)  # ours, in the repository: rebuilt every time
     for pin in pins:
         if pin["document"] in names:
             print(f"wrote specs/{pin['document']}  ({pin['upstream_repo']} @ {pin['upstream_commit']})")

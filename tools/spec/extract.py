@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from tools.spec import overlay as spec_overlay
-from tools.spec.sources import DECISIONS, OPENAI, SYSTEMONE, WORKERS_AI, Source
+from tools.spec.sources import DECISIONS, OPENAI, SYSTEMONE, TOKENIZE, TOKENIZE_DOCUMENT, WORKERS_AI, Source
 
 # Keys that carry prose or vendor metadata rather than structure.
 PROSE_KEYS = {"description", "summary", "example", "examples", "externalDocs", "tags", "x-oaiMeta",
@@ -408,6 +408,24 @@ def extract_workers_ai(clef: Path, clef_flash: Path) -> dict[str, Any]:
     return _finish(WORKERS_AI, out)
 
 
+def extract_tokenize(document: Path, openai: Path) -> dict[str, Any]:
+    """Our own document of vLLM's tokenizer routes, completed with the components it names but does
+    not define (the chat route's messages and tools, the error envelope), copied from the pinned
+    openai.yaml under their own names: the served document then holds one copy of each, and a copy
+    that drifted from the chat route's would stop /openapi.json from merging rather than pass unseen."""
+    doc = load_document(document)
+    own = doc["components"]["schemas"]
+    chat = load_document(openai)["components"]["schemas"]
+    if clash := sorted(set(own) & set(chat)):
+        raise ValueError(f"{document.name} defines components openai.yaml has: {clash}")
+    paths = build_operations(doc, TOKENIZE)
+    doc["components"]["schemas"] = {**chat, **own}  # resolve against both; only what is reached is kept
+    components = reachable_components(doc, [paths])
+    out = _document(TOKENIZE, paths, {"schemas": dict(sorted(components["schemas"].items()))},
+                    "swama: vLLM tokenizer routes", str(doc["info"]["version"]))
+    return _finish(TOKENIZE, out)
+
+
 def pin_record(source: Source, upstream: Path, produced: Path, extra: dict[str, Path]) -> dict[str, Any]:
     record: dict[str, Any] = {
         "document": source.doc,
@@ -433,9 +451,13 @@ def dump_yaml(doc: dict[str, Any]) -> str:
 
 def extract_all(specs_dir: Path, openai: Path | None = None, decisions: Path | None = None,
                 systemone: Path | None = None, clef: Path | None = None,
-                clef_flash: Path | None = None) -> list[dict]:
+                clef_flash: Path | None = None, tokenize: Path | None = None) -> list[dict]:
     """Write specs/*.yaml and specs/pins.json from the upstream files given; a document whose upstream
-    file is not given keeps its pinned text and pin record. Returns the pin records."""
+    file is not given keeps its pinned text and pin record. Returns the pin records.
+
+    The tokenizer routes' document is ours and lives in the repository (`tokenize` overrides it for a
+    trial), so it is rebuilt on every extraction: its copies of openai.yaml's components then follow
+    any change to that document in the same run."""
     if clef is None and (systemone is not None or clef_flash is not None):
         raise ValueError("the System One and Workers AI documents need --clef (clef.json)")
     if clef is not None and systemone is None and clef_flash is None:
@@ -450,6 +472,10 @@ def extract_all(specs_dir: Path, openai: Path | None = None, decisions: Path | N
         (SYSTEMONE, systemone, lambda: extract_systemone(systemone, clef), {"clef": clef}),
         (WORKERS_AI, clef_flash, lambda: extract_workers_ai(clef, clef_flash), {"clef_flash": clef_flash}),
     ]
+    openai_pinned = specs_dir / OPENAI.doc
+    if tokenize is None and (openai is not None or openai_pinned.exists()):
+        tokenize = TOKENIZE_DOCUMENT
+    jobs.append((TOKENIZE, tokenize, lambda: extract_tokenize(tokenize, openai_pinned), {"openai": openai_pinned}))
     pins = []
     for source, upstream, build, extra in jobs:
         if upstream is None:

@@ -6,6 +6,7 @@ A spec bump edits this file (new commit, new sha256) and reruns `python -m tools
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ OPENAI = Source(
     operations=(
         Operation("get", "/models", "/v1/models", "routes.models:list_models"),
         Operation("post", "/chat/completions", "/v1/chat/completions", "routes.chat:create_chat_completion"),
+        Operation("post", "/completions", "/v1/completions", "routes.completions:create_completion"),
         Operation("post", "/responses", "/v1/responses", "routes.responses:create_response"),
         Operation("post", "/embeddings", "/v1/embeddings", "routes.embeddings:create_embedding"),
         Operation("post", "/audio/transcriptions", "/v1/audio/transcriptions", "routes.transcriptions:create_transcription"),
@@ -119,4 +121,32 @@ WORKERS_AI = Source(
     extra_inputs=("clef_flash",),
 )
 
-SOURCES = {"openai": OPENAI, "decisions": DECISIONS, "systemone": SYSTEMONE, "clef_flash": WORKERS_AI}
+# vLLM keeps no OpenAPI file of its tokenizer routes in its repository: the document is our own,
+# written from its request and response models and kept in this repository (WRITTEN). Its messages and tools are the
+# chat route's components, taken from the pinned openai.yaml at extraction.
+WRITTEN = Path(__file__).resolve().parent / "written"
+
+TOKENIZE = Source(
+    doc="tokenize.yaml",
+    repo="vllm-project/vllm",
+    path="vllm/entrypoints/serve/tokenize/protocol.py",
+    commit="030ea52effcb05071543c8c42b8f0145e94cee43",
+    commit_date="unknown: the shapes were read from this commit's protocol.py on 2026-12-03",
+    operations=(
+        Operation("post", "/tokenize", "/tokenize", "routes.tokenize:tokenize"),
+        Operation("post", "/detokenize", "/detokenize", "routes.tokenize:detokenize"),
+    ),
+    note=(
+        "Our own document of vLLM's shapes (TokenizeCompletionRequest | TokenizeChatRequest -> "
+        "TokenizeResponse, DetokenizeRequest -> DetokenizeResponse), written from the models in "
+        "upstream_path at upstream_commit: vLLM keeps no OpenAPI file of these routes in its repository. "
+        "upstream_sha256 is our document's, tools/spec/written/vllm-tokenize.yaml. `messages`, `tools` "
+        "and the error envelope are the chat route's components, copied by name from the pinned "
+        "openai.yaml whose sha256 is openai_sha256."
+    ),
+    extra_inputs=("openai",),
+)
+TOKENIZE_DOCUMENT = WRITTEN / "vllm-tokenize.yaml"
+
+SOURCES = {"openai": OPENAI, "decisions": DECISIONS, "systemone": SYSTEMONE, "clef_flash": WORKERS_AI,
+           "tokenize": TOKENIZE}
