@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import math
 import os
 import re
 import shutil
@@ -68,6 +69,8 @@ def open_page(browser, server: LiveServer, path: str = "/"):
     page = context.new_page()
     page.requests_seen = []  # every URL the page asks for, to prove it fetches nothing from elsewhere
     page.on("request", lambda request: page.requests_seen.append((request.url, request.headers)))
+    page.script_errors = []  # exceptions the page's script did not catch
+    page.on("pageerror", lambda error: page.script_errors.append(str(error)))
     page.goto(path)
     page.wait_for_selector("body[data-ready=true]")
     return page
@@ -77,7 +80,9 @@ def open_page(browser, server: LiveServer, path: str = "/"):
 def page(browser, model_server: LiveServer):
     page = open_page(browser, model_server)
     yield page
+    errors = page.script_errors
     page.context.close()
+    assert not errors, errors
 
 
 def wait_for_model(page, model: str = SMOLLM2_ID) -> None:
@@ -251,6 +256,299 @@ def test_chat_streams_and_reports_its_speed(page) -> None:
                            timeout=120_000)
     assert int(page.get_attribute("#c-stats", "data-cached")) > 0
     shot(page, "chat")
+
+
+# ---- chat: token probabilities and response formats ---------------------------------------------
+
+JSON_SCHEMA = {"type": "object", "properties": {"colour": {"type": "string", "enum": ["red", "green", "blue"]},
+                                                "sure": {"type": "boolean"}},
+               "required": ["colour", "sure"], "additionalProperties": False}
+
+
+def _chunk(content: str | None = None, tokens: list[dict] | None = None, finish: str | None = None, **extra) -> dict:
+    delta = {} if content is None else {"content": content}
+    logprobs = None if tokens is None else {"content": tokens, "refusal": None}
+    return {"id": "chatcmpl-test", "object": "chat.completion.chunk", "created": 0, "model": SMOLLM2_ID,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}], **extra}
+
+
+def _sse(chunks: list[dict]) -> str:
+    return "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+
+
+def _token(text: str, logprob: float, alternatives: list[tuple[str, float]] = (), raw: bytes | None = None) -> dict:
+    raw = text.encode() if raw is None else raw
+    return {"token": text, "logprob": logprob, "bytes": list(raw),
+            "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in alternatives]}
+
+
+def _fake_chat(page, chunks: list[dict]) -> list[dict]:
+    """Answers the page's chat requests with `chunks`; the list returned fills with the bodies it sent."""
+    sent: list[dict] = []
+
+    def answer(route) -> None:
+        sent.append(route.request.post_data_json)
+        route.fulfill(status=200, headers={"Content-Type": "text/event-stream"}, body=_sse(chunks))
+
+    page.route("**/v1/chat/completions", answer)
+    return sent
+
+
+def _chat(page, text: str, turns: int) -> None:
+    """Sends `text` and waits for the reply: `turns` messages in the log once it is done."""
+    page.fill("#c-input", text)
+    page.press("#c-input", "Enter")
+    page.wait_for_function("n => !document.querySelector('#c-send').disabled && document.querySelectorAll('.msg').length == n",
+                           arg=turns, timeout=120_000)
+    assert page.is_hidden("#c-error"), page.inner_text("#c-error")
+
+
+def _hsl(p: float) -> tuple[int, int, int]:
+    """The token background the page draws for probability p: hsl(120p, 80%, 84%)."""
+    import colorsys
+
+    r, g, b = colorsys.hls_to_rgb(round(120 * p) / 360, 0.84, 0.80)
+    return round(r * 255), round(g * 255), round(b * 255)
+
+
+def _background(page, locator) -> tuple[int, int, int]:
+    rgb = locator.evaluate("e => getComputedStyle(e).backgroundColor")
+    return tuple(int(v) for v in re.findall(r"\d+", rgb)[:3])
+
+
+def _tip_rows(page) -> list[tuple[str, str, bool]]:
+    return [tuple(r) for r in page.evaluate("""() => Array.from(document.querySelectorAll('#c-tip tr')).map(r =>
+        [r.cells[0].textContent, r.cells[1].textContent, r.classList.contains('chosen')])""")]
+
+
+def test_chat_controls_compose_the_request(page) -> None:
+    sent = _fake_chat(page, [_chunk("", finish=None), _chunk("ok"), _chunk(None, finish="stop")])
+    page.click(".tab[data-tab=chat]")
+    page.select_option("#c-model", SMOLLM2_ID)
+    assert page.is_visible("#c-logprobs") and not page.is_checked("#c-logprobs")
+    assert page.is_hidden("#c-legend") and page.is_hidden("#c-schema-box")
+    assert [o["value"] for o in page.evaluate("Array.from(document.querySelectorAll('#c-format option'))"
+                                              ".map(o => ({value: o.value}))")] == ["none", "json_object", "json_schema"]
+    assert page.input_value("#c-format") == "none"
+
+    # Neither control set: the request is as it was.
+    _chat(page, "plain", 2)
+    assert not {"logprobs", "top_logprobs", "response_format"} & set(sent[-1])
+    assert sent[-1]["stream"] is True and sent[-1]["messages"][-1] == {"role": "user", "content": "plain"}
+
+    page.check("#c-logprobs")
+    assert page.is_visible("#c-legend")
+    _chat(page, "with logprobs", 4)
+    assert sent[-1]["logprobs"] is True and sent[-1]["top_logprobs"] == 5 and "response_format" not in sent[-1]
+
+    page.select_option("#c-format", "json_object")
+    assert page.is_hidden("#c-schema-box")
+    _chat(page, "an object", 6)
+    assert sent[-1]["response_format"] == {"type": "json_object"} and sent[-1]["logprobs"] is True
+
+    page.uncheck("#c-logprobs")
+    page.select_option("#c-format", "json_schema")
+    assert page.is_visible("#c-schema") and page.is_hidden("#c-schema-error")
+    default = json.loads(page.input_value("#c-schema"))  # the example the box starts with is a schema
+    assert default["type"] == "object"
+    page.fill("#c-schema", json.dumps(JSON_SCHEMA, indent=2))
+    _chat(page, "a schema", 8)
+    assert sent[-1]["response_format"] == {
+        "type": "json_schema", "json_schema": {"name": "playground", "schema": JSON_SCHEMA, "strict": True}}
+    assert not {"logprobs", "top_logprobs"} & set(sent[-1])
+
+    # A schema that does not parse says why as it is typed, and nothing is sent.
+    count = len(sent)
+    page.fill("#c-schema", '{"type": "object",}')
+    page.wait_for_selector("#c-schema-error:not([hidden])")
+    assert page.inner_text("#c-schema-error").startswith("The JSON schema is not valid JSON: ")
+    assert page.get_attribute("#c-schema", "aria-invalid") == "true"
+    shot(page, "chat-schema-error")
+    page.fill("#c-input", "not sent")
+    page.press("#c-input", "Enter")
+    assert page.evaluate("document.activeElement.id") == "c-schema"
+    assert page.input_value("#c-input") == "not sent" and page.locator(".msg").count() == 8 and len(sent) == count
+    page.fill("#c-schema", "[1, 2]")
+    assert "must be a JSON object" in page.inner_text("#c-schema-error")
+    page.fill("#c-schema", "")
+    assert "empty" in page.inner_text("#c-schema-error")
+    page.select_option("#c-format", "none")  # another format: the schema box and its error go away
+    assert page.is_hidden("#c-schema-box") and page.is_hidden("#c-schema-error")
+    page.press("#c-input", "Enter")
+    page.wait_for_function("() => document.querySelectorAll('.msg').length == 10")
+    assert len(sent) == count + 1
+
+    # The controls are remembered by the browser.
+    page.check("#c-logprobs")
+    page.select_option("#c-format", "json_schema")
+    page.fill("#c-schema", '{"type": "object"}')
+    page.reload()
+    page.wait_for_selector("body[data-ready=true]")
+    assert page.is_checked("#c-logprobs") and page.input_value("#c-format") == "json_schema"
+    assert page.input_value("#c-schema") == '{"type": "object"}'
+
+
+def test_tokens_are_drawn_by_probability(page) -> None:
+    """A made-up stream: tokens with their logprobs, a character split across two tokens, text without
+    logprobs, and a token the text does not hold (cut by a stop sequence)."""
+    e_acute = "é".encode()
+    chunks = [
+        _chunk("", []),
+        _chunk("Hello", [_token("Hello", math.log(0.9), [("Hello", math.log(0.9)), ("Hi", math.log(0.05))])]),
+        _chunk(" caf", [_token(" caf", math.log(0.2), [(" world", math.log(0.5)), (" caf", math.log(0.2)),
+                                                        ("\n", math.log(0.1))])]),
+        # The first byte of é alone ends no character: the server holds its text back.
+        _chunk("", [_token("\ufffd", math.log(0.5), [], raw=e_acute[:1])]),
+        _chunk("é", [_token("\ufffd", math.log(0.8), [], raw=e_acute[1:])]),
+        _chunk("!"),  # no logprobs: plain text
+        _chunk(" Bye", [_token(" Bye", math.log(0.0004), [(".", math.log(0.6))])]),
+        _chunk("", [_token("STOP", math.log(0.7))]),
+        _chunk(None, finish="stop", usage={"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9}),
+    ]
+    _fake_chat(page, chunks)
+    page.click(".tab[data-tab=chat]")
+    page.select_option("#c-model", SMOLLM2_ID)
+    page.check("#c-logprobs")
+    _chat(page, "Say hello.", 2)
+    text = page.locator(".msg.assistant .text")
+    assert text.evaluate("e => e.textContent") == "Hello café! Bye"
+    tokens = page.locator(".msg.assistant .tok")
+    drawn = tokens.evaluate_all("ts => ts.map(t => [t.textContent, Number(t.dataset.p), t.getAttribute('tabindex')])")
+    assert [t[0] for t in drawn] == ["Hello", " caf", "é", " Bye"]
+    assert [t[1] for t in drawn] == pytest.approx([0.9, 0.2, 0.5 * 0.8, 0.0004])
+    assert [t[2] for t in drawn] == ["0", "-1", "-1", "-1"]  # one tab stop for the reply
+    for i, (_, p, _) in enumerate(drawn):
+        assert _background(page, tokens.nth(i)) == pytest.approx(_hsl(p), abs=1)
+    assert page.evaluate("state.chat.at(-1)") == {"role": "assistant", "content": "Hello café! Bye"}
+
+    # Hovering a token shows its alternatives, most likely first, the chosen one marked.
+    assert page.is_hidden("#c-tip")
+    tokens.nth(1).hover()
+    page.wait_for_selector("#c-tip:not([hidden])")
+    assert page.inner_text("#c-tip .tip-head").startswith("\u2423caf 20.0%")
+    assert _tip_rows(page) == [("\u2423world", "50.0%", False), ("\u2423caf", "20.0%", True), ("\u21b5", "10.0%", False)]
+    assert tokens.nth(1).get_attribute("aria-describedby") == "c-tip"
+    tip, token = page.locator("#c-tip").bounding_box(), tokens.nth(1).bounding_box()
+    assert tip["y"] >= token["y"] + token["height"] - 1  # below the token, not over it
+    shot(page, "chat-logprobs")
+    page.mouse.move(5, 5)
+    page.wait_for_selector("#c-tip", state="hidden")
+
+    # The keyboard: Tab reaches the reply's first token, the arrows move, Escape closes the tip.
+    page.focus("#c-system")
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.textContent") == "Hello"
+    page.wait_for_selector("#c-tip:not([hidden])")
+    assert _tip_rows(page)[0] == ("Hello", "90.0%", True)
+    page.keyboard.press("ArrowRight")
+    page.keyboard.press("ArrowRight")
+    assert page.evaluate("document.activeElement.textContent") == "é"
+    assert [t.get_attribute("tabindex") for t in tokens.all()] == ["-1", "-1", "0", "-1"]
+    assert page.locator("#c-tip .tip-token").count() == 2  # the two tokens that make the é
+    assert page.locator("#c-tip .tip-head").all_inner_texts()[0].startswith("\ufffd 50.0%")
+    page.keyboard.press("End")
+    assert page.inner_text("#c-tip .tip-head").startswith("\u2423Bye <0.1%")
+    page.keyboard.press("Escape")
+    page.wait_for_selector("#c-tip", state="hidden")
+
+
+def test_a_json_answer_is_pretty_printed(page) -> None:
+    answer = '{"colour":"blue","sure":true,"shades":["navy",null]}'
+    _fake_chat(page, [_chunk(answer[:9]), _chunk(answer[9:30]), _chunk(answer[30:]), _chunk(None, finish="stop")])
+    page.click(".tab[data-tab=chat]")
+    page.select_option("#c-model", SMOLLM2_ID)
+    _chat(page, "JSON please", 2)
+    reply = page.locator(".msg.assistant")
+    assert reply.locator("pre.json").inner_text() == json.dumps(json.loads(answer), indent=2)
+    assert reply.locator(".text").is_hidden()
+    reply.locator("button.view").click()
+    assert reply.locator(".text").inner_text() == answer and reply.locator("pre.json").is_hidden()
+    reply.locator("button.view").click()
+    assert reply.locator("pre.json").is_visible()
+    assert page.evaluate("state.chat.at(-1).content") == answer  # the history holds what the model said
+    # Text that is not a JSON object or array is left as it is.
+    page.unroute("**/v1/chat/completions")
+    _fake_chat(page, [_chunk('"just a string"'), _chunk(None, finish="stop")])
+    _chat(page, "again", 4)
+    assert page.locator(".msg.assistant").nth(1).locator("pre.json").count() == 0
+
+
+def _sent_and_received(page, text: str, turns: int) -> tuple[dict, list[dict]]:
+    """Sends `text` to the live server; the request body and the chunks the page received."""
+    with page.expect_response(lambda r: r.url.endswith("/v1/chat/completions")) as answered:
+        _chat(page, text, turns)
+    response = answered.value
+    body = response.body().decode()
+    chunks = [json.loads(line[5:]) for line in body.split("\n") if line.startswith("data:") and line[5:].strip() != "[DONE]"]
+    return json.loads(response.request.post_data), chunks
+
+
+def test_live_tokens_with_probabilities(page) -> None:
+    page.click(".tab[data-tab=chat]")
+    page.select_option("#c-model", SMOLLM2_ID)
+    page.check("#c-logprobs")
+    page.fill("#c-max", "12")
+    page.fill("#c-temp", "0")
+    body, chunks = _sent_and_received(page, "What is the capital of France?", 2)
+    assert body["logprobs"] is True and body["top_logprobs"] == 5
+    entries = [e for c in chunks for e in ((c["choices"] or [{}])[0].get("logprobs") or {}).get("content") or []]
+    content = "".join(((c["choices"] or [{}])[0].get("delta") or {}).get("content") or "" for c in chunks)
+    usage = next(c["usage"] for c in chunks if c.get("usage"))
+    assert content.strip() and 0 < len(entries) <= usage["completion_tokens"]
+    tokens = page.locator(".msg.assistant .tok")
+    drawn = tokens.evaluate_all("ts => ts.map(t => [t.textContent, Number(t.dataset.logprob)])")
+    assert page.locator(".msg.assistant .text").evaluate("e => e.textContent") == content
+    # Every token is drawn (an English answer: each token is whole characters), with its logprob.
+    assert [t for t, _ in drawn] == [e["token"] for e in entries]
+    assert [lp for _, lp in drawn] == [e["logprob"] for e in entries]
+    for i, entry in enumerate(entries):
+        assert entry["logprob"] <= 0 and len(entry["top_logprobs"]) == 5
+        assert _background(page, tokens.nth(i)) == pytest.approx(_hsl(math.exp(entry["logprob"])), abs=1)
+    # At temperature 0 the model takes its most likely token: the tip's first row, marked as chosen.
+    tokens.first.hover()
+    page.wait_for_selector("#c-tip:not([hidden])")
+    rows = _tip_rows(page)
+    first = entries[0]
+    assert len(rows) == 5 and rows[0][2] and rows[0][1] == page.evaluate("p => percent(p)", math.exp(first["logprob"]))
+    assert [r[1] for r in rows] == [page.evaluate("p => percent(p)", math.exp(a["logprob"])) for a in first["top_logprobs"]]
+    assert [r[0] for r in rows] == [page.evaluate("t => visibleToken(t)", a["token"]) for a in first["top_logprobs"]]
+    shot(page, "chat-logprobs-live")
+
+
+def test_live_json_schema_answer(page) -> None:
+    page.click(".tab[data-tab=chat]")
+    page.select_option("#c-model", SMOLLM2_ID)
+    page.select_option("#c-format", "json_schema")
+    page.fill("#c-schema", json.dumps(JSON_SCHEMA, indent=2))
+    page.fill("#c-max", "48")
+    page.fill("#c-temp", "0")
+    body, chunks = _sent_and_received(page, "What colour is the sky on a clear day? Answer in JSON.", 2)
+    assert body["response_format"] == {
+        "type": "json_schema", "json_schema": {"name": "playground", "schema": JSON_SCHEMA, "strict": True}}
+    content = "".join(((c["choices"] or [{}])[0].get("delta") or {}).get("content") or "" for c in chunks)
+    value = json.loads(content)
+    assert set(value) == {"colour", "sure"} and value["colour"] in ("red", "green", "blue") and isinstance(value["sure"], bool)
+    reply = page.locator(".msg.assistant")
+    assert reply.locator("pre.json").inner_text() == json.dumps(value, indent=2)
+    assert reply.locator(".text").is_hidden()
+    shot(page, "chat-json-schema-live")
+
+    # With token probabilities too: the JSON is pretty-printed, "raw" shows the tokens it came as.
+    page.check("#c-logprobs")
+    page.click("#c-new")
+    body, chunks = _sent_and_received(page, "What colour is grass? Answer in JSON.", 2)
+    assert body["logprobs"] is True and body["response_format"]["type"] == "json_schema"
+    content = "".join(((c["choices"] or [{}])[0].get("delta") or {}).get("content") or "" for c in chunks)
+    entries = [e for c in chunks for e in ((c["choices"] or [{}])[0].get("logprobs") or {}).get("content") or []]
+    assert reply.locator("pre.json").inner_text() == json.dumps(json.loads(content), indent=2)
+    reply.locator("button.view").click()
+    tokens = reply.locator(".tok")
+    assert reply.locator(".text").evaluate("e => e.textContent") == content
+    assert tokens.evaluate_all("ts => ts.map(t => t.textContent)") == [e["token"] for e in entries]
+    tokens.nth(1).hover()
+    page.wait_for_selector("#c-tip:not([hidden])")
+    assert page.locator("#c-tip .tip-head code").first.inner_text() == page.evaluate("t => visibleToken(t)", entries[1]["token"])
+    shot(page, "chat-json-schema-logprobs-live")
 
 
 def test_errors_show_the_servers_message(page, model_server: LiveServer) -> None:

@@ -7,6 +7,8 @@ const HISTORY_SIZE = 20;
 const MAX_IMAGES = 4;
 const LABEL_MASS_HEADER = "X-Swama-Label-Mass";
 const TEXT_KINDS = ["language", "vision"];
+const TOP_LOGPROBS = 5;
+const CHAT_STORE = { logprobs: "swama.chat.logprobs", format: "swama.chat.format", schema: "swama.chat.schema" };
 
 const $ = (selector, root = document) => root.querySelector(selector);
 const $$ = (selector, root = document) => Array.from(root.querySelectorAll(selector));
@@ -514,6 +516,258 @@ async function copySnippet(kind) {
 
 let chatAbort = null;
 
+class SchemaError extends Error {}
+
+// The JSON schema box, parsed; a SchemaError says what is wrong in words.
+function parseSchema(text) {
+  if (!text.trim()) throw new SchemaError("The JSON schema is empty: write one, or pick another response format.");
+  let schema;
+  try {
+    schema = JSON.parse(text);
+  } catch (error) {
+    throw new SchemaError(`The JSON schema is not valid JSON: ${error.message}`);
+  }
+  if (schema === null || typeof schema !== "object" || Array.isArray(schema)) {
+    throw new SchemaError("The JSON schema must be a JSON object, such as {\"type\": \"object\", \"properties\": {...}}.");
+  }
+  return schema;
+}
+
+// What the chat controls add to a request, in the OpenAI wire format; throws a SchemaError.
+function chatOptions() {
+  const options = {};
+  if ($("#c-logprobs").checked) {
+    options.logprobs = true;
+    options.top_logprobs = TOP_LOGPROBS;
+  }
+  const format = $("#c-format").value;
+  if (format === "json_object") options.response_format = { type: "json_object" };
+  if (format === "json_schema") {
+    options.response_format = {
+      type: "json_schema", json_schema: { name: "playground", schema: parseSchema($("#c-schema").value), strict: true },
+    };
+  }
+  return options;
+}
+
+function checkSchema() {
+  const box = $("#c-schema-error");
+  if ($("#c-format").value !== "json_schema") {
+    box.hidden = true;
+    return true;
+  }
+  try {
+    parseSchema($("#c-schema").value);
+    box.hidden = true;
+    $("#c-schema").removeAttribute("aria-invalid");
+    return true;
+  } catch (error) {
+    box.textContent = error.message;
+    box.hidden = false;
+    $("#c-schema").setAttribute("aria-invalid", "true");
+    return false;
+  }
+}
+
+function showChatControls() {
+  $("#c-legend").hidden = !$("#c-logprobs").checked;
+  $("#c-schema-box").hidden = $("#c-format").value !== "json_schema";
+  checkSchema();
+}
+
+// ---- chat: tokens drawn by probability --------------------------------------------------------
+
+const tokenData = new WeakMap(); // a token's span -> the logprobs entries it shows (more than one: a character split across tokens)
+
+function percent(p) {
+  if (p >= 0.9995) return "100%";
+  if (p < 0.0005) return "<0.1%";
+  return `${(p * 100).toFixed(1)}%`;
+}
+
+// Red for unlikely, through yellow, to green for likely.
+function probabilityColour(p) {
+  return `hsl(${Math.round(120 * Math.min(1, Math.max(0, p)))}, 80%, 84%)`;
+}
+
+// A token as the tooltip shows it: spaces, tabs and new lines made visible.
+function visibleToken(token) {
+  if (token === "") return "(empty)";
+  return token.replaceAll(" ", "\u2423").replaceAll("\n", "\u21b5").replaceAll("\t", "\u21e5").replaceAll("\r", "\u240d");
+}
+
+// Streams one reply into `container`: text that comes with logprobs becomes one span per token,
+// text without them stays plain. The text (delta.content) is what is shown; a token's own text only
+// says which part of it is that token's. Tokens the text does not contain (cut by a stop sequence,
+// say) are not drawn.
+function replyView(container) {
+  const decoder = new TextDecoder();
+  let text = ""; // text received that no token has claimed yet
+  let pending = []; // tokens received whose text has not arrived yet: {piece, entries}
+  let partial = []; // entries whose bytes do not end a character yet: they join the next token
+  let first = true;
+
+  const plain = (piece) => {
+    if (!piece) return;
+    const last = container.lastChild;
+    if (last && last.nodeType === Node.TEXT_NODE) last.appendData(piece);
+    else container.append(piece);
+  };
+  const token = (piece, entries) => {
+    const logprob = entries.reduce((sum, e) => sum + e.logprob, 0);
+    const p = Math.exp(logprob);
+    const span = el("span", { class: "tok", tabindex: first ? "0" : "-1", "data-logprob": String(logprob),
+      "data-p": String(p), text: piece });
+    span.style.backgroundColor = probabilityColour(p);
+    tokenData.set(span, entries);
+    container.append(span);
+    first = false;
+  };
+  const align = () => {
+    while (pending.length && text) {
+      const { piece, entries } = pending[0];
+      if (text.startsWith(piece)) {
+        token(piece, entries);
+        text = text.slice(piece.length);
+        pending.shift();
+      } else if (piece.startsWith(text)) {
+        break; // the rest of this token's text comes with a later chunk
+      } else {
+        const at = text.indexOf(piece);
+        if (at > 0) {
+          plain(text.slice(0, at));
+          text = text.slice(at);
+        } else {
+          pending.shift();
+        }
+      }
+    }
+  };
+  return {
+    add(content, entries) {
+      for (const entry of entries || []) {
+        const piece = Array.isArray(entry.bytes) ? decoder.decode(new Uint8Array(entry.bytes), { stream: true }) : entry.token;
+        partial.push(entry);
+        if (piece) {
+          pending.push({ piece, entries: partial });
+          partial = [];
+        }
+      }
+      text += content || "";
+      align();
+      // Text that came without any logprobs is shown at once, as before.
+      if (!(entries && entries.length) && !pending.length) {
+        plain(text);
+        text = "";
+      }
+    },
+    finish() {
+      plain(text);
+      text = "";
+      pending = [];
+      partial = [];
+    },
+  };
+}
+
+let tipTimer = null;
+
+function showTip(span) {
+  const entries = tokenData.get(span);
+  if (!entries) return;
+  const tip = $("#c-tip");
+  clearTimeout(tipTimer);
+  const sections = entries.map((entry) => {
+    const chosen = Math.exp(entry.logprob);
+    const rows = (entry.top_logprobs || []).map((alt) => el("tr", { class: alt.token === entry.token ? "chosen" : null },
+      el("td", {}, el("code", { text: visibleToken(alt.token) })),
+      el("td", { class: "num", text: percent(Math.exp(alt.logprob)) })));
+    return el("div", { class: "tip-token" },
+      el("div", { class: "tip-head" }, el("code", { text: visibleToken(entry.token) }), ` ${percent(chosen)}`,
+        el("span", { class: "muted", text: ` logprob ${entry.logprob.toFixed(3)}` })),
+      rows.length
+        ? el("table", {}, el("caption", { text: "top alternatives" }), el("tbody", {}, ...rows))
+        : el("div", { class: "muted", text: "no alternatives sent" }));
+  });
+  tip.replaceChildren(...sections);
+  tip.hidden = false;
+  for (const other of $$(".tok[aria-describedby]")) other.removeAttribute("aria-describedby");
+  span.setAttribute("aria-describedby", "c-tip");
+  const box = span.getBoundingClientRect();
+  const width = tip.offsetWidth;
+  const height = tip.offsetHeight;
+  let top = box.bottom + 4;
+  if (top + height > window.innerHeight - 4 && box.top - height - 4 >= 4) top = box.top - height - 4;
+  tip.style.top = `${Math.round(top)}px`;
+  tip.style.left = `${Math.round(Math.max(4, Math.min(box.left, window.innerWidth - width - 4)))}px`;
+}
+
+function hideTip(delay = 0) {
+  clearTimeout(tipTimer);
+  const hide = () => {
+    $("#c-tip").hidden = true;
+    for (const span of $$(".tok[aria-describedby]")) span.removeAttribute("aria-describedby");
+  };
+  if (delay) tipTimer = setTimeout(hide, delay);
+  else hide();
+}
+
+// One tab stop per reply; the arrow keys, Home and End move between its tokens; Escape hides the tip.
+function tokenKeys(event) {
+  const span = event.target;
+  if (!span.classList || !span.classList.contains("tok")) return;
+  if (event.key === "Escape") {
+    hideTip();
+    return;
+  }
+  const tokens = $$(".tok", span.parentNode);
+  const at = tokens.indexOf(span);
+  const to = { ArrowRight: at + 1, ArrowDown: at + 1, ArrowLeft: at - 1, ArrowUp: at - 1, Home: 0, End: tokens.length - 1 }[event.key];
+  if (to === undefined) return;
+  event.preventDefault();
+  const next = tokens[Math.max(0, Math.min(tokens.length - 1, to))];
+  span.setAttribute("tabindex", "-1");
+  next.setAttribute("tabindex", "0");
+  next.focus();
+}
+
+function watchTokens(log) {
+  log.addEventListener("mouseover", (event) => { if (event.target.classList.contains("tok")) showTip(event.target); });
+  log.addEventListener("mouseout", (event) => { if (event.target.classList.contains("tok")) hideTip(200); });
+  log.addEventListener("focusin", (event) => { if (event.target.classList.contains("tok")) showTip(event.target); });
+  log.addEventListener("focusout", (event) => { if (event.target.classList.contains("tok")) hideTip(); });
+  log.addEventListener("keydown", tokenKeys);
+  log.addEventListener("scroll", () => hideTip());
+  // The tip stays while the pointer is on it, so its text can be read and selected.
+  $("#c-tip").addEventListener("mouseenter", () => clearTimeout(tipTimer));
+  $("#c-tip").addEventListener("mouseleave", () => hideTip(200));
+  document.addEventListener("keydown", (event) => { if (event.key === "Escape") hideTip(); });
+}
+
+// An answer that is a JSON object or array is shown pretty-printed; "raw" shows it as it came.
+function showJson(reply, content) {
+  let value;
+  try {
+    value = JSON.parse(content);
+  } catch (_) {
+    return;
+  }
+  if (value === null || typeof value !== "object") return;
+  const raw = $(".text", reply);
+  const pretty = el("pre", { class: "json", text: JSON.stringify(value, null, 2) });
+  const toggle = el("button", { type: "button", class: "small view", "aria-pressed": "false", text: "raw",
+    title: "show the answer as the model wrote it" });
+  toggle.addEventListener("click", () => {
+    const showRaw = toggle.getAttribute("aria-pressed") !== "true";
+    toggle.setAttribute("aria-pressed", String(showRaw));
+    raw.hidden = !showRaw;
+    pretty.hidden = showRaw;
+  });
+  raw.hidden = true;
+  reply.prepend(el("div", { class: "msg-tools" }, el("span", { class: "muted", text: "JSON" }), toggle));
+  raw.after(pretty);
+}
+
 function chatBubble(role, text, images = []) {
   const node = el("div", { class: `msg ${role}` }, el("span", { class: "text", text }));
   for (const url of images) node.append(el("img", { src: url, alt: "attached image" }));
@@ -556,6 +810,15 @@ async function sendChat(event) {
   event.preventDefault();
   const text = $("#c-input").value;
   if (!text.trim() && !state.chatImages.length) return;
+  let options;
+  try {
+    options = chatOptions();
+  } catch (error) {
+    if (!(error instanceof SchemaError)) throw error;
+    checkSchema();
+    $("#c-schema").focus();
+    return;
+  }
   const images = modelKind($("#c-model").value) === "vision" ? state.chatImages.splice(0) : [];
   renderChatThumbs();
   const content = images.length
@@ -565,7 +828,8 @@ async function sendChat(event) {
   const asked = chatBubble("user", text, images);
   $("#c-input").value = "";
   const reply = chatBubble("assistant", "");
-  const replyText = $(".text", reply);
+  const view = replyView($(".text", reply));
+  let answer = "";
   showError($("#c-error"), null);
   $("#c-send").disabled = true;
   $("#c-stop").disabled = false;
@@ -577,26 +841,35 @@ async function sendChat(event) {
   try {
     const body = {
       model: $("#c-model").value, messages: chatMessages(), stream: true, stream_options: { include_usage: true },
-      max_tokens: Number($("#c-max").value) || 256, temperature: Number($("#c-temp").value),
+      max_tokens: Number($("#c-max").value) || 256, temperature: Number($("#c-temp").value), ...options,
     };
     const response = await api("/v1/chat/completions", { body, signal: chatAbort.signal });
     for await (const chunk of sseEvents(response)) {
       if (chunk.error) throw new ApiFailure(0, serverMessage(chunk) ?? JSON.stringify(chunk.error));
       if (chunk.usage) usage = chunk.usage;
-      const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
-      if (delta && delta.content) {
-        if (first === null) first = performance.now();
-        pieces += 1;
-        replyText.textContent += delta.content;
+      const choice = chunk.choices && chunk.choices[0];
+      const delta = choice && choice.delta;
+      const tokens = choice && choice.logprobs && Array.isArray(choice.logprobs.content) ? choice.logprobs.content : null;
+      if ((delta && delta.content) || (tokens && tokens.length)) {
+        const content = (delta && delta.content) || "";
+        if (content) {
+          if (first === null) first = performance.now();
+          pieces += 1;
+          answer += content;
+        }
+        view.add(content, tokens);
         $("#c-log").scrollTop = $("#c-log").scrollHeight;
         showChatStats(started, first, performance.now(), pieces, usage);
       }
     }
-    state.chat.push({ role: "assistant", content: replyText.textContent });
+    view.finish();
+    showJson(reply, answer);
+    state.chat.push({ role: "assistant", content: answer });
     showChatStats(started, first, performance.now(), pieces, usage);
   } catch (error) {
     // The turn did not happen: its message goes back into the box, the history stays as it was.
     state.chat.pop();
+    hideTip();
     asked.remove();
     reply.remove();
     $("#c-input").value = text;
@@ -731,8 +1004,28 @@ function start() {
     }
   });
   $("#c-stop").addEventListener("click", () => chatAbort && chatAbort.abort());
+  $("#c-logprobs").checked = localStorage.getItem(CHAT_STORE.logprobs) === "true";
+  if ([...$("#c-format").options].some((o) => o.value === localStorage.getItem(CHAT_STORE.format))) {
+    $("#c-format").value = localStorage.getItem(CHAT_STORE.format);
+  }
+  if (localStorage.getItem(CHAT_STORE.schema) !== null) $("#c-schema").value = localStorage.getItem(CHAT_STORE.schema);
+  $("#c-logprobs").addEventListener("change", () => {
+    localStorage.setItem(CHAT_STORE.logprobs, String($("#c-logprobs").checked));
+    showChatControls();
+  });
+  $("#c-format").addEventListener("change", () => {
+    localStorage.setItem(CHAT_STORE.format, $("#c-format").value);
+    showChatControls();
+  });
+  $("#c-schema").addEventListener("input", () => {
+    localStorage.setItem(CHAT_STORE.schema, $("#c-schema").value);
+    checkSchema();
+  });
+  showChatControls();
+  watchTokens($("#c-log"));
   $("#c-new").addEventListener("click", () => {
     state.chat = [];
+    hideTip();
     $("#c-log").replaceChildren();
     $("#c-stats").textContent = "";
     showError($("#c-error"), null);
