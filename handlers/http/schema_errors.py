@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pydantic
@@ -52,3 +53,11 @@ def openai_schema_error(exc: pydantic.ValidationError, data: Any = None) -> ApiE
     if kind == "missing":
         return bad_request(f"Missing required field '{param}'.", code="missing_required_parameter", param=param)
     return bad_request(f"Invalid value{where}: {first['msg']}.", code="invalid_type", param=param)
+
+
+def worded_or_default(exc: pydantic.ValidationError, data: Any,
+                      word: Callable[[ErrorDetails, Any], ApiError | None]) -> ApiError:
+    """A route's own wording (`word`) where it has one, refused fields first, else the OpenAI default."""
+    worded = [w for w in (word(e, data) for e in exc.errors(include_url=False)) if w is not None]
+    refused = [w for w in worded if w.code == "unsupported_parameter"]
+    return (refused or worded or [openai_schema_error(exc, data)])[0]

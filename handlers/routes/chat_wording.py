@@ -13,7 +13,7 @@ from pydantic_core import ErrorDetails
 from swama.engine.client import OUT_OF_RANGE
 from swama.handlers.http.errors import ApiError, bad_request
 from swama.handlers.http.pipeline import DEFAULT_RULES, RouteRules
-from swama.handlers.http.schema_errors import openai_schema_error, user_path
+from swama.handlers.http.schema_errors import user_path, worded_or_default
 
 CHAT_ROLES = "Must be 'system', 'user', 'assistant', or 'tool'"
 # Fields the schema narrows to the one value this server honours: any other value is refused by name.
@@ -61,10 +61,7 @@ def _worded(error: ErrorDetails, data: Any) -> ApiError | None:
 
 def schema_error(exc: pydantic.ValidationError, data: Any = None) -> ApiError:
     """The route's own wording where it has one (refused fields first), else the OpenAI default."""
-    errors = exc.errors(include_url=False)
-    worded = [w for w in (_worded(e, data) for e in errors) if w is not None]
-    refused = [w for w in worded if w.code == "unsupported_parameter"]
-    return (refused or worded or [openai_schema_error(exc, data)])[0]
+    return worded_or_default(exc, data, _worded)
 
 
 # Every field the handler acts on, or accepts with a stated local meaning (see the overlay); a field
