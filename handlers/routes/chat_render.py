@@ -13,8 +13,8 @@ from swama.engine.client import (
     TextDelta,
     TokenLogprob,
     ToolCallEvent,
-    TopLogprob,
 )
+from swama.handlers.routes.turns import wire_token_logprobs
 
 
 def _wire_call(index: int, call: Any) -> dict[str, Any]:
@@ -28,14 +28,9 @@ def _usage(done: Finished) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": done.cached_tokens}}
 
 
-def _alternative(entry: TopLogprob) -> dict[str, Any]:
-    return {"token": entry.token, "logprob": entry.logprob, "bytes": list(entry.bytes)}
-
-
 def wire_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
     """A choice's `logprobs`: each token with its most probable alternatives."""
-    return {"content": [{**_alternative(e), "top_logprobs": [_alternative(t) for t in e.top]} for e in entries],
-            "refusal": None}
+    return {"content": wire_token_logprobs(entries), "refusal": None}
 
 
 def completion(ident: str, created: int, model: str, text: str, calls: list[Any], done: Finished,

@@ -115,9 +115,13 @@ def _echoed_tool(tool: ResponsesRequestFunctionTool) -> dict[str, Any]:
             "parameters": tool.parameters, "strict": bool(tool.strict)}
 
 
-def _output_rules(request: CreateResponse, functions: list[ResponsesRequestFunctionTool]) -> OutputRules:
+def _text_format(request: CreateResponse) -> Any:
+    """The requested text.format member (text, json_object, json_schema), or None."""
+    return request.text.format.root if request.text is not None and request.text.format is not None else None
+
+
+def _output_rules(request: CreateResponse, functions: list[ResponsesRequestFunctionTool], fmt: Any) -> OutputRules:
     """text.format, tool_choice, strict functions, parallel_tool_calls and the logprobs include."""
-    fmt = request.text.format.root if request.text is not None and request.text.format is not None else None
     choice = request.tool_choice
     named = choice.name if isinstance(choice, ResponsesRequestFunctionChoice) else None
     logprobs = "message.output_text.logprobs" in {str(i) for i in request.include}
@@ -136,7 +140,8 @@ def response_request(request: CreateResponse, *, context_limit: int) -> Response
     turns = _turns(request, images)
     # The offline web_search tool is dropped here: no search ever runs.
     functions = [t.root for t in request.tools if isinstance(t.root, ResponsesRequestFunctionTool)]
-    rules = _output_rules(request, functions)
+    fmt = _text_format(request)
+    rules = _output_rules(request, functions, fmt)
     echoed = [] if rules.tool_choice == "none" else [_echoed_tool(t) for t in functions]
     options = sampling(temperature=request.temperature, top_p=request.top_p)
     max_tokens = None if request.max_output_tokens is None else int(request.max_output_tokens.root)
@@ -144,7 +149,6 @@ def response_request(request: CreateResponse, *, context_limit: int) -> Response
                         tools=[function_tool(t.name, t.description, t.parameters) for t in functions],
                         max_tokens=max_tokens)
     choice = request.tool_choice
-    fmt = request.text.format.root if request.text is not None and request.text.format is not None else None
     return ResponseRequest(model=request.model, chat=chat, stream=request.stream,
                            instructions=request.instructions, tools=echoed,
                            tool_choice=(choice.model_dump() if isinstance(choice, ResponsesRequestFunctionChoice)

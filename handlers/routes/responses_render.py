@@ -23,8 +23,8 @@ from swama.engine.client import (
     TokenLogprob,
     ToolCall,
     ToolCallEvent,
-    TopLogprob,
 )
+from swama.handlers.routes.turns import wire_token_logprobs
 
 if TYPE_CHECKING:  # the request module imports this one to answer
     from swama.handlers.routes.responses import ResponseRequest
@@ -56,16 +56,8 @@ def sorted_arguments(arguments: str) -> str:
 
 # -- items -----------------------------------------------------------------------------------------
 
-def wire_logprobs(entries: list[TokenLogprob]) -> list[dict[str, Any]]:
-    """Responses' log probabilities: each token with its most probable alternatives."""
-    def one(e: TopLogprob) -> dict[str, Any]:
-        return {"token": e.token, "logprob": e.logprob, "bytes": list(e.bytes)}
-
-    return [{**one(e), "top_logprobs": [one(t) for t in e.top]} for e in entries]
-
-
 def output_text_part(text: str, logprobs: list[TokenLogprob] | None = None) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": wire_logprobs(logprobs or [])}
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": wire_token_logprobs(logprobs or [])}
 
 
 def message_item(item_id: str, text: str, status: str = "completed",
@@ -215,7 +207,7 @@ class ResponseStream:
         fresh = self._logprobs[len(self._logprobs) - self._pending:] if self._pending else []
         self._pending = 0
         frames.append(self._frame("response.output_text.delta", item_id=slot.item_id, output_index=slot.index,
-                                  content_index=0, logprobs=wire_logprobs(fresh), delta=text))
+                                  content_index=0, logprobs=wire_token_logprobs(fresh), delta=text))
         return frames
 
     def _tool_call(self, call: ToolCall) -> list[Frame]:
@@ -246,7 +238,7 @@ class ResponseStream:
             text = "".join(self._text)
             frames += [
                 self._frame("response.output_text.done", item_id=slot.item_id, output_index=slot.index,
-                            content_index=0, logprobs=wire_logprobs(self._logprobs), text=text),
+                            content_index=0, logprobs=wire_token_logprobs(self._logprobs), text=text),
                 self._frame("response.content_part.done", item_id=slot.item_id, output_index=slot.index,
                             content_index=0, part=output_text_part(text, self._logprobs)),
                 self._frame("response.output_item.done", output_index=slot.index,

@@ -16,7 +16,9 @@ from swama.engine.client import (
     InstalledModel,
     Sampling,
     Task,
+    TokenLogprob,
     ToolSpec,
+    TopLogprob,
 )
 from swama.handlers.http.errors import bad_request
 from swama.handlers.media.images import ImageRef, load_images, open_images
@@ -46,6 +48,15 @@ class Turn:
         if self.tool_call_id is not None:
             msg["tool_call_id"] = self.tool_call_id
         return msg
+
+
+def _alternative(entry: TopLogprob) -> dict[str, Any]:
+    return {"token": entry.token, "logprob": entry.logprob, "bytes": list(entry.bytes)}
+
+
+def wire_token_logprobs(entries: list[TokenLogprob]) -> list[dict[str, Any]]:
+    """Tokens' log probabilities as both routes send them: each with its most probable alternatives."""
+    return [{**_alternative(e), "top_logprobs": [_alternative(t) for t in e.top]} for e in entries]
 
 
 def tool_call(call_id: str | None, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
