@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pydantic
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from swama.engine.errors import EngineError
+
+if TYPE_CHECKING:
+    from swama.engine.speculative.policy import Speculation
 
 PREFIX = "SWAMA_"
 # Prompt tokens read per scheduler step, by device: a CPU's other rows wait for the chunk; a GPU
@@ -36,6 +39,7 @@ PROMPT_CACHE_CAP = 4 << 30
 DEVICE_CHOICES = ("auto", "gpu", "cpu")
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 BLAS_CHOICES = ("auto", "openblas", "mkl", "bundled")
+SPECULATIVE_MODES = ("off", "ngram", "auto")
 
 
 def option(default: Any = None, help: str = "", *, env: str | None = None, flags: tuple[str, ...] = (),
@@ -106,6 +110,11 @@ class EngineSettings(StoreSettings):
         None, "prompt tokens read per step while other requests decode, so a long prompt does not stall the "
               "streams already running", metavar="TOKENS",
         default_text=f"{CPU_PREFILL_STEP} on the CPU, {GPU_PREFILL_STEP} on a GPU", ge=1)
+    speculative: str = option(
+        "auto", "drafting in the batch: 'ngram' verifies continuations copied from the request's own text "
+                "(prompt lookup) whenever one is found, 'auto' only while a row's acceptance pays for the wider "
+                "pass, 'off' decodes one token per step", choices=SPECULATIVE_MODES, metavar="MODE")
+    draft_tokens: int = option(8, "most tokens a row drafts for one speculative step", metavar="N", ge=1, le=32)
     decision_prefix_reuse: bool = option(
         True, "score every decision question from a fresh cache (bit-exact repeats of single questions) "
               "instead of sharing one prefill of the common prefix", env="SWAMA_DECISION_PREFIX_CACHE",
@@ -128,6 +137,11 @@ class EngineSettings(StoreSettings):
         if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
             raise ValueError(f"cannot write profiles into {str(value)!r}: {str(existing)!r} is not a writable folder")
         return value
+
+    def speculation(self) -> Speculation:
+        from swama.engine.speculative.policy import Speculation
+
+        return Speculation(self.speculative, self.draft_tokens)
 
     def prompt_cache_budget(self) -> int:
         """Bytes of prompt cache per model (0: none)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from swama.engine.decisions.checkpoints import CheckpointResult, predict
@@ -52,6 +52,9 @@ class EngineStatus:
     kv_cache_bytes: int = 0  # key/value state held: batch rows and prompt caches, all models
     kv_cache_budget: int = 0  # the prompt caches' budget, all models: what key/value state may keep
     ranks: dict[str, Any] | None = None  # the rank group this process serves a model with (RankGroup.status)
+    # Per model whose batch drafts (engine/speculative/), since its batch started: tokens drafted and
+    # accepted, speculative steps and plain steps (keys drafted, accepted, steps, plain_steps).
+    speculation: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def kv_cache_usage(self) -> float:
@@ -102,15 +105,21 @@ class Engine:
 
         group = ranks.current()
         held = budget = 0
+        speculation: dict[str, dict[str, int]] = {}
         for model in self.pool.loaded_models():
             if model.state.prompt_cache is not None:
                 held += model.state.prompt_cache.nbytes
                 budget += model.state.prompt_cache.budget
             if model.state.scheduler is not None:
                 held += model.state.scheduler.kv_bytes()
+                # A drafting batch's generator (SpeculativeGenerator) keeps its counters; a plain one has none.
+                counters = getattr(getattr(model.state.scheduler, "_gen", None), "counters", None)
+                if counters is not None:
+                    speculation[model.id] = {"drafted": counters.drafted, "accepted": counters.accepted,
+                                             "steps": counters.steps, "plain_steps": counters.plain_steps}
         return EngineStatus(self.pool.loaded(), self.pool.running(), self.pool.waiting(), self._blas,
                             int(mx.get_active_memory()), int(mx.get_cache_memory()), held, budget,
-                            group.status() if group is not None else None)
+                            group.status() if group is not None else None, speculation)
 
     async def start(self) -> None:
         """Load what must be there before the first request: on rank 0 of a group, the model the
@@ -207,7 +216,8 @@ class Engine:
             model.state.prompt_cache = cache  # the same cache for requests served alone
             model.state.scheduler = Scheduler(model, prompt_cache=cache, batching=self.settings.batching,
                                               rows=self.settings.batch_rows, prefill_step=self.settings.prefill_step,
-                                              profile_dir=self.settings.profile_dir)
+                                              profile_dir=self.settings.profile_dir,
+                                              speculation=self.settings.speculation())
         return model.state.scheduler
 
     # -- decisions -------------------------------------------------------------------------------

@@ -56,6 +56,7 @@ from swama.engine.runtime import on_gpu
 from swama.engine.serving.prompt_cache import PromptCache, cacheable
 from swama.engine.serving.threads import THREADS, in_thread
 from swama.engine.settings import CPU_PREFILL_STEP, GPU_PREFILL_STEP, default_of
+from swama.engine.speculative.policy import Speculation
 from swama.engine.text.generator import (
     ChatRequest,
     Decoder,
@@ -170,8 +171,9 @@ def _decode_and_put(tokens: list[tuple[_Job, int, str | None, Any]]) -> None:
 class Scheduler:
     def __init__(self, model: LoadedModel, *, prompt_cache: PromptCache | None, batching: bool = True,
                  rows: int | None = None, prefill_step: int | None = None,
-                 profile_dir: Path | None = None) -> None:
+                 profile_dir: Path | None = None, speculation: Speculation | None = None) -> None:
         self.model = model
+        self.speculation = speculation or Speculation()
         self.group: RankGroup | None = model.group
         if self.group is not None and not (batching and batchable(model)):
             raise ValueError("a model split across ranks is served by the batch scheduler (batching on)")
@@ -606,9 +608,14 @@ class Scheduler:
         from mlx_lm.generate import BatchGenerator, StopSequences
 
         if self._gen is None:
-            self._gen = BatchGenerator(self.model.model, completion_batch_size=self.rows,
-                                       prefill_batch_size=min(8, self.rows), prefill_step_size=self.prefill_step,
-                                       stream=stream)
+            options = dict(completion_batch_size=self.rows, prefill_batch_size=min(8, self.rows),
+                           prefill_step_size=self.prefill_step, stream=stream)
+            if self.speculation.on:
+                from swama.engine.speculative.batch import SpeculativeGenerator
+
+                self._gen = SpeculativeGenerator(self.model.model, speculation=self.speculation, **options)
+            else:
+                self._gen = BatchGenerator(self.model.model, **options)
             self._eos = StopSequences([[t] for t in sorted(self.model.eos_ids)])
         return self._gen
 
@@ -656,7 +663,15 @@ class Scheduler:
         if cache and cacheable(cache):
             self.prompt_cache.put(list(tokens)[: cache[0].offset], cache)
 
+    def _drafted(self, uid: int, keep: bool = False) -> int:
+        """Accepted draft tokens of a row so far (forgotten unless `keep`: the row is leaving)."""
+        counters = getattr(self._gen, "counters", None)
+        if counters is None:
+            return 0
+        return counters.by_uid.get(uid, 0) if keep else counters.by_uid.pop(uid, 0)
+
     def _remove(self, uid: int) -> None:
+        self._drafted(uid)
         kept = self._gen.remove([uid], return_prompt_caches=True).get(uid)
         self._active.pop(uid, None)
         self._keep(kept)
@@ -680,6 +695,7 @@ class Scheduler:
                     self._keep((r.prompt_cache, r.all_tokens))
                 continue
             token = int(r.token)
+            job.decoder.drafted = self._drafted(r.uid, keep=r.finish_reason is None)
             reading = job.decoder.reading(token)
             item = ((job, token, r.finish_reason, reading) if self.decode_on_loop
                     else (job, job.decode(token, r.finish_reason, reading)))

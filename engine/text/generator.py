@@ -7,7 +7,6 @@ so no client ever sees half a stop string or half a call.
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from swama.engine.settings import default_of
 from swama.engine.text.chat_prompt import Prompt, build_prompt, template_renders_tools
 from swama.engine.text.grammar import Constraint, enforcer
 from swama.engine.text.logprobs import MAX_TOP_LOGPROBS, Recorder, TokenLogprob, token_bytes
+from swama.engine.text.sampler import Sampler, shared_sampler
 from swama.engine.text.tool_calls import DEFAULT_FORMAT, ToolCall, ToolCallSplitter, tool_format
 
 # The one place sampling defaults live: every route and the CLI leave unset options to these.
@@ -103,6 +103,7 @@ class Finished:
     generation_seconds: float
     cached_tokens: int = 0  # prompt tokens resumed from the prompt cache instead of prefilled
     token_ids: tuple[int, ...] = ()  # the tokens generated, end-of-sequence token excluded
+    draft_tokens: int = 0  # generated tokens that were drafted and accepted (engine/speculative/)
 
 
 Event = TextDelta | Logprobs | ToolCallEvent | Finished
@@ -239,26 +240,11 @@ def _resume(model: LoadedModel, net: Any, ids: list[int]) -> tuple[PromptCache |
     return store, cache, reused
 
 
-@functools.lru_cache(maxsize=256)
-def shared_sampler(temperature: float, top_p: float, min_p: float, top_k: int) -> Any:
-    """One sampler object per setting: a batch whose rows all hold the same object samples in one
-    call instead of one per row (greedy rows share mlx-lm's greedy sampler the same way)."""
-    from mlx_lm.sample_utils import make_sampler
-
-    return make_sampler(temp=temperature, top_p=top_p, min_p=min_p, top_k=top_k)
-
-
-def make_sampling(model: LoadedModel, s: Sampling) -> tuple[Any, list[Any]]:
-    """The sampler and logits processors of one request. A seeded request samples from its own
-    random key, so its output depends on its seed alone, never on other requests batched with it;
-    unseeded requests with the same settings share one sampler (`shared_sampler`)."""
-    import mlx.core as mx
-    from mlx_lm.sample_utils import (
-        apply_min_p,
-        apply_top_k,
-        apply_top_p,
-        make_logits_processors,
-    )
+def make_sampling(model: LoadedModel, s: Sampling) -> tuple[Sampler, list[Any]]:
+    """The sampler and logits processors of one request (engine/text/sampler.py): a seeded request
+    samples from its own random key, so its output depends on its seed alone, never on other requests
+    batched with it; unseeded requests with the same settings share one sampler."""
+    from mlx_lm.sample_utils import make_logits_processors
 
     # A top_k as large as the vocabulary filters nothing (and is more than the sampler can partition).
     top_k = s.top_k if s.top_k < model.vocab_size else 0
@@ -268,21 +254,7 @@ def make_sampling(model: LoadedModel, s: Sampling) -> tuple[Any, list[Any]]:
         presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty)
     if s.seed is None or s.temperature == 0:
         return shared_sampler(s.temperature, top_p, s.min_p, top_k), processors
-    key = mx.random.key(s.seed % 2**64)  # any JSON integer names a seed; MLX takes 64 unsigned bits
-    scale = 1.0 / s.temperature
-
-    def seeded(logprobs: Any) -> Any:
-        nonlocal key
-        key, sub = mx.random.split(key)
-        if top_p:
-            logprobs = apply_top_p(logprobs, top_p)
-        if s.min_p:
-            logprobs = apply_min_p(logprobs, s.min_p)
-        if top_k:
-            logprobs = apply_top_k(logprobs, top_k)
-        return mx.random.categorical(logprobs * scale, key=sub)
-
-    return seeded, processors
+    return Sampler(s.temperature, top_p, s.min_p, top_k, seed=s.seed), processors
 
 
 def _keep_leading_space(detok: Any) -> None:
@@ -316,6 +288,7 @@ class Decoder:
         self.saw_call = False
         self.parallel = request.parallel_tool_calls
         self.stop_hit = False
+        self.drafted = 0  # accepted draft tokens, set by the scheduler when the row leaves the batch
 
     @property
     def generated(self) -> int:
@@ -379,7 +352,8 @@ class Decoder:
         end = time.perf_counter()
         first = self.first_token_at or end
         events.append(Finished("tool_calls" if self.saw_call else reason, self.prompt_tokens, self.generated,
-                               first - self.started, end - first, cached_tokens, tuple(self.tokens)))
+                               first - self.started, end - first, cached_tokens, tuple(self.tokens),
+                               self.drafted))
         return events
 
 

@@ -186,6 +186,8 @@ class Enforcer:
     -inf. mlx-lm calls it once per step with the row's tokens so far; the first call is for the
     prompt's last token, later ones for the token sampled last, which advances the matcher first."""
 
+    once_per_token = True  # keeps state per call: speculative steps do not draft for its row
+
     def __init__(self, matcher: Any, width: int, eos: int) -> None:
         import numpy as np
 

@@ -83,6 +83,8 @@ class Recorder:
     readings queue here (still lazy: computed with the step) until the scheduler pairs each with the
     token it produced (`take`)."""
 
+    once_per_token = True  # keeps state per call: speculative steps do not draft for its row
+
     def __init__(self, temperature: float, top: int) -> None:
         self.temperature = temperature
         self.top = top
