@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import pydantic
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from swama.engine.errors import EngineError
@@ -39,7 +39,7 @@ PROMPT_CACHE_CAP = 4 << 30
 DEVICE_CHOICES = ("auto", "gpu", "cpu")
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 BLAS_CHOICES = ("auto", "openblas", "mkl", "bundled")
-SPECULATIVE_MODES = ("off", "ngram", "auto")
+SPECULATIVE_MODES = ("off", "ngram", "draft", "auto")
 
 
 def option(default: Any = None, help: str = "", *, env: str | None = None, flags: tuple[str, ...] = (),
@@ -112,9 +112,13 @@ class EngineSettings(StoreSettings):
         default_text=f"{CPU_PREFILL_STEP} on the CPU, {GPU_PREFILL_STEP} on a GPU", ge=1)
     speculative: str = option(
         "auto", "drafting in the batch: 'ngram' verifies continuations copied from the request's own text "
-                "(prompt lookup) whenever one is found, 'auto' only while a row's acceptance pays for the wider "
+                "(prompt lookup) whenever one is found, 'draft' the tokens --draft-model proposes, 'auto' both "
+                "(the draft model where lookup finds nothing) only while a row's acceptance pays for the wider "
                 "pass, 'off' decodes one token per step", choices=SPECULATIVE_MODES, metavar="MODE")
     draft_tokens: int = option(8, "most tokens a row drafts for one speculative step", metavar="N", ge=1, le=32)
+    draft_model: str | None = option(
+        None, "a smaller installed model with the same tokenizer that drafts tokens for the served language "
+              "models to verify (--speculative draft or auto)", metavar="NAME")
     decision_prefix_reuse: bool = option(
         True, "score every decision question from a fresh cache (bit-exact repeats of single questions) "
               "instead of sharing one prefill of the common prefix", env="SWAMA_DECISION_PREFIX_CACHE",
@@ -137,6 +141,12 @@ class EngineSettings(StoreSettings):
         if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
             raise ValueError(f"cannot write profiles into {str(value)!r}: {str(existing)!r} is not a writable folder")
         return value
+
+    @model_validator(mode="after")
+    def _draft_needs_a_model(self) -> EngineSettings:
+        if self.speculative == "draft" and not self.draft_model:
+            raise ValueError("--speculative draft needs --draft-model NAME (a smaller model with the same tokenizer)")
+        return self
 
     def speculation(self) -> Speculation:
         from swama.engine.speculative.policy import Speculation

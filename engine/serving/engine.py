@@ -10,6 +10,7 @@ the work and frees its row or the model.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -33,10 +34,12 @@ from swama.engine.serving.pool import ModelPool
 from swama.engine.serving.prompt_cache import PromptCache
 from swama.engine.serving.scheduler import DECISION_ROWS, Scheduler
 from swama.engine.serving.threads import in_thread, iterate_in_thread
-from swama.engine.settings import EngineSettings
+from swama.engine.settings import EngineSettings, SettingsError
 from swama.engine.text.generator import ChatRequest, Event, Finished, generate, prompt_ids
 from swama.engine.text.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, prompt_logprobs
 from swama.engine.text.tokenize import Tokenized, TokenizeJob, text_of, tokens_of
+
+log = logging.getLogger("swama.engine")
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,10 @@ class Engine:
         self.on_decisions: Callable[[str, int, int], None] | None = None
         self.pool = ModelPool(self.store, settings, float_bytes=compute_dtype().size)
         self._blas = loaded_blas() or "bundled"  # fixed once the process started (the preload restarts it)
+        self._draft: LoadedModel | None = None  # --draft-model, once a scheduler needs it
+        if settings.draft_model and self.store.find(settings.draft_model) is None:
+            raise SettingsError(f"--draft-model: no installed model is named '{settings.draft_model}' "
+                                "(`swama list` shows the installed ones)")
 
     # -- models ----------------------------------------------------------------------------------
 
@@ -217,8 +224,28 @@ class Engine:
             model.state.scheduler = Scheduler(model, prompt_cache=cache, batching=self.settings.batching,
                                               rows=self.settings.batch_rows, prefill_step=self.settings.prefill_step,
                                               profile_dir=self.settings.profile_dir,
-                                              speculation=self.settings.speculation())
+                                              speculation=self.settings.speculation(),
+                                              draft=self._draft_for(model))
         return model.state.scheduler
+
+    def _draft_for(self, model: LoadedModel) -> LoadedModel | None:
+        """The draft model for `model`'s batch: --draft-model, when its tokenizer is the model's own
+        (same vocabulary, same end tokens); loaded once and shared by the models it drafts for."""
+        name = self.settings.draft_model
+        if name is None or self.settings.speculative not in ("draft", "auto") or model.group is not None:
+            return None
+        if self._draft is None:
+            installed = self.model(name)
+            from swama.engine.text.language import load_language_model
+
+            self._draft = load_language_model(installed.id, installed.path)
+        draft = self._draft
+        if (draft.vocab_size, draft.tokenizer.vocab_size, draft.eos_ids) != (
+                model.vocab_size, model.tokenizer.vocab_size, model.eos_ids):
+            log.warning("draft model %s does not share %s's tokenizer: %s decodes without it", draft.id, model.id,
+                        model.id)
+            return None
+        return draft
 
     # -- decisions -------------------------------------------------------------------------------
 

@@ -171,10 +171,14 @@ def _decode_and_put(tokens: list[tuple[_Job, int, str | None, Any]]) -> None:
 class Scheduler:
     def __init__(self, model: LoadedModel, *, prompt_cache: PromptCache | None, batching: bool = True,
                  rows: int | None = None, prefill_step: int | None = None,
-                 profile_dir: Path | None = None, speculation: Speculation | None = None) -> None:
+                 profile_dir: Path | None = None, speculation: Speculation | None = None,
+                 draft: LoadedModel | None = None) -> None:
         self.model = model
-        self.speculation = speculation or Speculation()
         self.group: RankGroup | None = model.group
+        self.speculation = speculation or Speculation()
+        self.draft = draft if self.group is None else None  # ranks draft by prompt lookup alone
+        if self.group is not None:  # every rank must choose the same pass widths: from the prior, not timings
+            self.speculation = dataclasses.replace(self.speculation, measured=False)
         if self.group is not None and not (batching and batchable(model)):
             raise ValueError("a model split across ranks is served by the batch scheduler (batching on)")
         self.profile_dir = profile_dir
@@ -613,7 +617,8 @@ class Scheduler:
             if self.speculation.on:
                 from swama.engine.speculative.batch import SpeculativeGenerator
 
-                self._gen = SpeculativeGenerator(self.model.model, speculation=self.speculation, **options)
+                self._gen = SpeculativeGenerator(self.model.model, speculation=self.speculation,
+                                                 draft_model=self.draft.model if self.draft else None, **options)
             else:
                 self._gen = BatchGenerator(self.model.model, **options)
             self._eos = StopSequences([[t] for t in sorted(self.model.eos_ids)])

@@ -30,6 +30,7 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, GenerationBatch
 from mlx_lm.models.cache import BatchKVCache
 
+from swama.engine.speculative.draft_model import DraftModel
 from swama.engine.speculative.ngram import PromptLookup
 from swama.engine.speculative.policy import Costs, Row, Speculation, choose_width
 from swama.engine.speculative.row_cache import RowKVCache
@@ -64,11 +65,15 @@ class SpeculativeBatch(GenerationBatch):
     costs: Costs | None = None
     rows: list[Row | None]
 
+    drafter: DraftModel | None = None
+
     @classmethod
-    def start(cls, model: Any, fallback_sampler: Any, speculation: Speculation, counters: Counters) -> SpeculativeBatch:
+    def start(cls, model: Any, fallback_sampler: Any, speculation: Speculation, counters: Counters,
+              drafter: DraftModel | None) -> SpeculativeBatch:
         batch = cls.empty(model, fallback_sampler)
-        batch.speculation, batch.counters, batch.costs = speculation, counters, Costs()
-        batch.rows = []
+        batch.speculation, batch.counters, batch.costs = speculation, counters, Costs(measured=speculation.measured)
+        batch.rows, batch.drafter = [], drafter
+        batch._modelled = []
         return batch
 
     # -- rows joining and leaving ----------------------------------------------------------------
@@ -80,12 +85,16 @@ class SpeculativeBatch(GenerationBatch):
             batch.prompt_cache = [RowKVCache.of(c) for c in caches]
         joining = [Row(able=_able(s, p), greedy=getattr(s, "greedy", False)) if convert else None
                    for s, p in zip(batch.samplers, batch.logits_processors, strict=True)]
+        if convert and self.drafter is not None:
+            self.drafter.join([list(t) for t in batch.tokens])
         super().extend(batch)
         self.rows.extend(joining)
 
     def filter(self, keep: list[int]) -> None:
         super().filter(keep)
         self.rows = [self.rows[i] for i in keep]
+        if self.drafter is not None:
+            self.drafter.filter(keep)
 
     # -- a step ------------------------------------------------------------------------------------
 
@@ -98,16 +107,20 @@ class SpeculativeBatch(GenerationBatch):
             width = choose_width(self.speculation.mode, self.rows, drafts, self.costs, len(self.uids))
         started = time.perf_counter()
         if width == 1:
+            if any(self._modelled):  # the draft model's proposals go unverified: its caches drop them
+                self.drafter.settle(self._modelled, [0] * len(self._modelled))
             responses = super().next()
             self.counters.plain_steps += 1
         else:
             responses = self._speculate(lasts, [d[:width - 1] for d in drafts], width)
             self.counters.steps += 1
+        self._modelled = []
         self.costs.record(len(self.uids) or 1, width, time.perf_counter() - started)
         return responses
 
     def _drafts(self) -> tuple[list[list[int]] | None, list[int]]:
         """Every row's draft for this step (None when no row looks: the step stays plain and pipelined)."""
+        self._modelled = []  # rows whose drafts came from the draft model: how many each
         resting = self.speculation.mode == "auto"  # ngram verifies every draft it finds
         looking = [r is not None and r.able and not (resting and r.rest) for r in self.rows]
         for r in self.rows:
@@ -116,19 +129,30 @@ class SpeculativeBatch(GenerationBatch):
         if not any(looking):
             return None, []
         lasts = self._next_tokens.tolist()  # waits for the pass that sampled them
+        mode = self.speculation.mode
         drafts: list[list[int]] = []
+        rooms: list[int] = []
         for i, row in enumerate(self.rows):
-            if not looking[i]:
+            room = min(self.speculation.max_draft, self.max_tokens[i] - self._num_tokens[i] - 1)  # x is emitted now
+            rooms.append(room if looking[i] else 0)
+            if not looking[i] or mode == "draft":
                 drafts.append([])
                 continue
             if row.lookup is None:
                 row.lookup = PromptLookup()
             known = self.tokens[i]
             row.lookup.add(known[len(row.lookup.tokens):])
-            room = self.max_tokens[i] - self._num_tokens[i] - 1  # x is emitted this step
-            draft = row.lookup.draft(lasts[i], min(self.speculation.max_draft, room))
-            row.looked_up(bool(draft))
-            drafts.append(draft)
+            drafts.append(row.lookup.draft(lasts[i], room))
+        self._modelled = [0] * len(drafts)
+        if self.drafter is not None:  # the draft model drafts where prompt lookup found nothing
+            contexts = [[*self.tokens[i], lasts[i]] if rooms[i] > 0 and not drafts[i] else None
+                        for i in range(len(drafts))]
+            for i, d in enumerate(self.drafter.propose(contexts, rooms)):
+                if d:
+                    drafts[i], self._modelled[i] = d, len(d)
+        for i, row in enumerate(self.rows):
+            if looking[i]:
+                row.looked_up(bool(drafts[i]))
         return drafts, lasts
 
     def _speculate(self, lasts: list[int], drafts: list[list[int]], width: int) -> list[Any]:
@@ -173,6 +197,8 @@ class SpeculativeBatch(GenerationBatch):
                 self.counters.accepted += a
                 if a:
                     self.counters.by_uid[self.uids[i]] = self.counters.by_uid.get(self.uids[i], 0) + a
+        if self.drafter is not None:
+            self.drafter.settle(self._modelled, accepted_drafts)
         return self._emit(emitted, nexts, accepted_drafts, width)
 
     def _processed(self, logits: mx.array, lasts: list[int], drafts: list[list[int]]) -> mx.array:
@@ -245,7 +271,8 @@ _EMPTY = mx.array(0.0)
 class SpeculativeGenerator(BatchGenerator):
     """mlx-lm's continuous batching with a `SpeculativeBatch` as its generation batch."""
 
-    def __init__(self, model: Any, *, speculation: Speculation, **kwargs: Any) -> None:
+    def __init__(self, model: Any, *, speculation: Speculation, draft_model: Any = None, **kwargs: Any) -> None:
         super().__init__(model, **kwargs)
         self.counters = Counters()
-        self._generation_batch = SpeculativeBatch.start(model, self.sampler, speculation, self.counters)
+        drafter = DraftModel(draft_model) if draft_model is not None and speculation.mode in ("draft", "auto") else None
+        self._generation_batch = SpeculativeBatch.start(model, self.sampler, speculation, self.counters, drafter)

@@ -74,6 +74,8 @@ class Speculation:
 
     mode: str = "off"
     max_draft: int = 8
+    # Choose widths from measured pass times; off on ranks, where every rank must choose alike.
+    measured: bool = True
 
     @property
     def on(self) -> bool:
@@ -89,8 +91,11 @@ class Costs:
     """Measured seconds of a pass of each width, per batch-size bucket (decayed means)."""
 
     seconds: dict[tuple[int, int], float] = field(default_factory=dict)
+    measured: bool = True
 
     def record(self, rows: int, width: int, seconds: float) -> None:
+        if not self.measured:
+            return
         key = (_bucket(rows), width)
         old = self.seconds.get(key)
         self.seconds[key] = seconds if old is None else 0.8 * old + 0.2 * seconds

@@ -72,9 +72,11 @@ async def _collect(scheduler: Scheduler, request: ChatRequest) -> tuple[str, Fin
 
 
 def _scheduled(model: LoadedModel, requests: list[ChatRequest], speculation: Speculation = NGRAM, rows: int = 8,
-               prompt_cache: PromptCache | None = None) -> tuple[list[tuple[str, Finished]], Any]:
+               prompt_cache: PromptCache | None = None,
+               draft: LoadedModel | None = None) -> tuple[list[tuple[str, Finished]], Any]:
     async def run() -> tuple[list[tuple[str, Finished]], Any]:
-        scheduler = Scheduler(model, prompt_cache=prompt_cache, rows=rows, prefill_step=256, speculation=speculation)
+        scheduler = Scheduler(model, prompt_cache=prompt_cache, rows=rows, prefill_step=256, speculation=speculation,
+                              draft=draft)
         try:
             results = await asyncio.gather(*(_collect(scheduler, r) for r in requests))
             return results, getattr(scheduler._gen, "counters", None)
@@ -115,6 +117,23 @@ def test_greedy_rows_that_draft_give_the_tokens_of_plain_decoding(model: LoadedM
     assert counters.drafted > 0 and counters.steps > 0
     if model.id == "smollm2":  # the real model copies the file: most drafts hold
         assert together[0][1].draft_tokens > together[0][1].completion_tokens // 2
+
+
+def test_a_draft_model_drafts_for_every_row_and_greedy_output_stays_plain(smollm2: LoadedModel,
+                                                                           smollm2_dir: Path,
+                                                                           tiny_model_dir: Path) -> None:
+    """A draft model of the same tokenizer proposes for rows joining and leaving a batch of two: with
+    SmolLM2 drafting for itself nearly every draft holds, with the tiny random model few do; either
+    way the tokens are plain decoding's."""
+    requests = [_request(p, max_tokens=n) for p, n in zip(PROMPTS * 2, [40, 24, 8, 16, 30, 12], strict=True)]
+    plain = [_alone(smollm2, r) for r in requests]
+    itself = load_language_model("smollm2-draft", smollm2_dir)
+    tiny = load_language_model("tiny", tiny_model_dir)
+    for draft, least in ((itself, 0.8), (tiny, 0.0)):
+        results, counters = _scheduled(smollm2, requests, Speculation("draft", 4), rows=2, draft=draft)
+        for request, single, (_, drafted) in zip(requests, plain, results, strict=True):
+            _assert_same(smollm2, request, single, drafted)
+        assert counters.drafted > 50 and counters.accepted >= least * counters.drafted
 
 
 def test_budgets_and_stop_sequences_cut_a_drafted_run_where_plain_decoding_would(smollm2: LoadedModel) -> None:
