@@ -16,8 +16,8 @@ in a plain step; so do the logits processors of sampling penalties (applied at e
 that position's context). A row whose processors must see every token once (log probabilities, a
 grammar) never drafts.
 
-Models whose caches are all plain attention caches draft; sliding-window and recurrent caches cannot
-be cut back per row here, so their rows decode plainly (every step a plain one).
+Models whose caches are all attention caches draft, sliding windows included; recurrent state cannot
+be cut back per row, so the rows of models with recurrent layers decode plainly (every step a plain one).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, GenerationBatch
-from mlx_lm.models.cache import BatchKVCache
+from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache
 
 from swama.engine.speculative.draft_model import DraftModel
 from swama.engine.speculative.ngram import PromptLookup
@@ -80,7 +80,8 @@ class SpeculativeBatch(GenerationBatch):
 
     def extend(self, batch: GenerationBatch) -> None:
         caches = batch.prompt_cache
-        convert = self.speculation.on and caches and all(type(c) is BatchKVCache for c in caches)
+        convert = self.speculation.on and caches and all(type(c) in (BatchKVCache, BatchRotatingKVCache)
+                                                         for c in caches)
         if convert:
             batch.prompt_cache = [RowKVCache.of(c) for c in caches]
         joining = [Row(able=_able(s, p), greedy=getattr(s, "greedy", False)) if convert else None

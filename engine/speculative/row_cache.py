@@ -10,6 +10,11 @@ the next pass overwrites them.
 Rows keep mlx-lm's conventions otherwise: `left_padding` empty slots before a row's first token,
 `offset` each row's next position (what the rotary embedding reads), and the same `filter`,
 `extend` and `extract` the batch generator calls when rows leave and join.
+
+A sliding-window layer (mlx-lm's `BatchRotatingKVCache`) becomes a row cache with a `window`: its
+mask lets a query see only the last `window` positions, and slots that no row's next query can
+see any more are dropped from the front a `STEP` at a time, so the layer still holds about a
+window of keys. Its `left_padding` goes negative once a row's first tokens are dropped.
 """
 
 from __future__ import annotations
@@ -23,17 +28,28 @@ STEP = 256  # slots added at a time when a pass would write past the buffer
 
 class RowKVCache:
     def __init__(self, keys: mx.array | None, values: mx.array | None, left_padding: list[int],
-                 ends: list[int]) -> None:
+                 ends: list[int], window: int | None = None) -> None:
         self.keys, self.values = keys, values
         self.left = list(left_padding)
         self.ends = list(ends)
+        self.window = window
         self._sync()
 
     @classmethod
     def of(cls, batch: Any) -> RowKVCache:
-        """A `BatchKVCache` (every row ending at its write index) as a row cache; no data is copied."""
+        """mlx-lm's batch cache of a layer (every row ending at its write index) as a row cache."""
+        from mlx_lm.models.cache import BatchRotatingKVCache
+
         rows = int(batch.offset.shape[0])
-        return cls(batch.keys, batch.values, batch.left_padding.tolist(), [batch._idx] * rows)
+        if not isinstance(batch, BatchRotatingKVCache):
+            return cls(batch.keys, batch.values, batch.left_padding.tolist(), [batch._idx] * rows)
+        batch._temporal_order()  # slots 0 .. _idx in the order the tokens came
+        end = min(batch._idx, batch.keys.shape[2]) if batch.keys is not None else 0
+        # A row's slot s holds position offset - (end - s): its first slot is end - offset (below 0
+        # once the row's first tokens rotated out).
+        return cls(batch.keys[..., :end, :] if batch.keys is not None else None,
+                   batch.values[..., :end, :] if batch.values is not None else None,
+                   [end - o for o in batch.offset.tolist()], [end] * rows, window=batch.max_size)
 
     def _sync(self) -> None:
         self.left_padding = mx.array(self.left, dtype=mx.int32)
@@ -43,7 +59,9 @@ class RowKVCache:
     # -- a forward pass --------------------------------------------------------------------------
 
     def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None, **_: Any) -> mx.array:
-        """[rows, 1, N, slots]: query j of row r (at slot end_r + j) sees slots left_r .. end_r + j."""
+        """[rows, 1, N, slots]: query j of row r (at slot end_r + j) sees slots left_r .. end_r + j
+        (and, in a window, none more than `window` - 1 before its own)."""
+        window_size = window_size or self.window
         slots = mx.arange(max(self.ends) + N)[None, None]
         queries = (self._ends[:, None] + mx.arange(N)[None])[..., None]
         mask = (slots <= queries) & (slots >= self.left_padding[:, None, None])
@@ -66,7 +84,10 @@ class RowKVCache:
             self.values = mx.put_along_axis(self.values, where, values, axis=2)
         self.ends = [e + n for e in self.ends]
         self._sync()
-        return self.keys[..., :top, :], self.values[..., :top, :]
+        fetched = self.keys[..., :top, :], self.values[..., :top, :]
+        if self.window is not None:  # after this pass: the next one's mask is made from the new slots
+            self._drop_front(n)
+        return fetched
 
     def _grow(self, keys: mx.array, values: mx.array, top: int) -> None:
         rows, heads, _, kdim = keys.shape
@@ -79,6 +100,17 @@ class RowKVCache:
         self.keys = mx.concatenate([self.keys, mx.zeros((*self.keys.shape[:2], extra, kdim), keys.dtype)], axis=2)
         self.values = mx.concatenate(
             [self.values, mx.zeros((*self.values.shape[:2], extra, self.values.shape[3]), values.dtype)], axis=2)
+
+    def _drop_front(self, written: int) -> None:
+        """Slots before every row's window: no later query sees them, even once a verification has
+        cut the `written` positions just written back to one."""
+        drop = min(self.ends) - written - self.window
+        if self.keys is None or drop < STEP:
+            return
+        self.keys, self.values = self.keys[..., drop:, :], self.values[..., drop:, :]
+        self.left = [p - drop for p in self.left]
+        self.ends = [e - drop for e in self.ends]
+        self._sync()
 
     def trim_rows(self, counts: list[int]) -> None:
         """Cut each row back by its own count: the positions its verification rejected."""
@@ -94,7 +126,7 @@ class RowKVCache:
         if self.keys is not None:
             index = mx.array(keep, dtype=mx.int32)
             self.keys, self.values = self.keys[index], self.values[index]
-            drop = min(self.left) if self.left else 0
+            drop = max(0, min(self.left)) if self.left else 0
             if drop > 0:  # slots no remaining row uses
                 self.keys, self.values = self.keys[..., drop:, :], self.values[..., drop:, :]
                 self.left = [p - drop for p in self.left]
@@ -126,14 +158,18 @@ class RowKVCache:
         self._sync()
 
     def extract(self, idx: int) -> Any:
-        """Row `idx` as a plain cache holding exactly its tokens (for the prompt cache)."""
-        from mlx_lm.models.cache import KVCache
+        """Row `idx` as a single-row cache holding exactly its tokens (its window's, for a window)."""
+        from mlx_lm.models.cache import KVCache, RotatingKVCache
 
-        cache = KVCache()
         lo, hi = self.left[idx], self.ends[idx]
+        cache = KVCache() if self.window is None else RotatingKVCache(self.window)
+        if self.window is not None:
+            lo = max(lo, hi - self.window)
         cache.keys = mx.contiguous(self.keys[idx:idx + 1, :, lo:hi])
         cache.values = mx.contiguous(self.values[idx:idx + 1, :, lo:hi])
-        cache.offset = hi - lo
+        cache.offset = hi - self.left[idx]
+        if self.window is not None:
+            cache._idx = hi - lo
         return cache
 
     # -- what mlx-lm reads of a cache --------------------------------------------------------------

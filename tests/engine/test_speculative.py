@@ -29,6 +29,7 @@ from swama.engine.text.generator import ChatRequest, Finished, Sampling, TextDel
 from swama.engine.text.grammar import Constraint
 from swama.engine.text.language import load_language_model
 from swama.engine.text.sampler import Sampler
+from tools.testmodels.tiny import build_tiny_model
 
 NGRAM = Speculation("ngram", 8)
 OFF = Speculation("off")
@@ -210,6 +211,22 @@ def test_a_cancelled_drafting_row_leaves_the_others_exact(smollm2: LoadedModel) 
             scheduler.close()
 
     _assert_same(smollm2, requests[1], plain, asyncio.run(run()))
+
+
+def test_sliding_window_layers_draft_and_keep_plain_decoding(smollm2_dir: Path, tmp_path: Path) -> None:
+    """Gemma 3's text stack (a 32-token window on every other layer), drafting for itself (a random
+    model copies nothing from its prompt, so the draft model drafts): prompts of about 230 tokens, so
+    the windows have rotated before the first draft, and 300 tokens of output, so the slots no query
+    can see any more are dropped while the rows draft and verify."""
+    folder = build_tiny_model(smollm2_dir, tmp_path / "g", arch="gemma3_text")
+    model, itself = load_language_model("gemma3", folder), load_language_model("gemma3-draft", folder)
+    requests = [ChatRequest([{"role": "user", "content": f"Count the {topic}. " * 40}], sampling=Sampling(temperature=0),
+                            max_tokens=n, context_limit=4096) for topic, n in (("rivers", 300), ("bridges", 24))]
+    plain = [_alone(model, r) for r in requests]
+    results, counters = _scheduled(model, requests, Speculation("draft", 4), draft=itself)
+    for single, (_, drafted) in zip(plain, results, strict=True):
+        assert parting(single.token_ids, drafted.token_ids) is None
+    assert counters.accepted > 0.8 * counters.drafted > 40
 
 
 def test_models_whose_caches_cannot_be_cut_back_per_row_decode_plainly(tiny_hybrid_dir: Path) -> None:
