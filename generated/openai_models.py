@@ -906,6 +906,7 @@ class CompletionUsage(BaseModel):
     total_tokens: JSONInt
     completion_tokens_details: CompletionUsageCompletionTokensDetails | None = None
     prompt_tokens_details: CompletionUsagePromptTokensDetails | None = None
+    accepted_draft_tokens: Annotated[JSONInt | None, Field(ge=1)] = None
 
 
 class CompletionUsageCompletionTokensDetails(BaseModel):
@@ -4326,6 +4327,7 @@ class ResponseUsage(BaseModel):
     output_tokens: JSONInt
     output_tokens_details: ResponseUsageOutputTokensDetails
     total_tokens: JSONInt
+    accepted_draft_tokens: Annotated[JSONInt | None, Field(ge=1)] = None
 
 
 class ResponseUsageInputTokensDetails(BaseModel):

@@ -154,6 +154,7 @@ class SpeculativeBatch(GenerationBatch):
         for i, row in enumerate(self.rows):
             if looking[i]:
                 row.looked_up(bool(drafts[i]))
+                row.idle += 1
         return drafts, lasts
 
     def _speculate(self, lasts: list[int], drafts: list[list[int]], width: int) -> list[Any]:
@@ -196,8 +197,6 @@ class SpeculativeBatch(GenerationBatch):
                 self.rows[i].verified(len(d), a)
                 self.counters.drafted += len(d)
                 self.counters.accepted += a
-                if a:
-                    self.counters.by_uid[self.uids[i]] = self.counters.by_uid.get(self.uids[i], 0) + a
         if self.drafter is not None:
             self.drafter.settle(self._modelled, accepted_drafts)
         return self._emit(emitted, nexts, accepted_drafts, width)
@@ -240,6 +239,8 @@ class SpeculativeBatch(GenerationBatch):
                     finished[i] = reason
                     break
             kept.append(n)
+            if n > 1:  # the drafts emitted (a stop or the budget may cut accepted ones)
+                self.counters.by_uid[self.uids[i]] = self.counters.by_uid.get(self.uids[i], 0) + n - 1
             self.tokens[i].extend(tokens[:n])
             if self.logits_processors and self.logits_processors[i] and n > 1:
                 self._token_context[i].update_and_fetch(mx.array(tokens[1:n], dtype=mx.int32))

@@ -21,6 +21,8 @@ DECAY = 0.7  # weight of a row's earlier verifications against its latest
 SLOPE = 0.12  # before any measurement: each extra position costs this fraction of a plain pass
 MARGIN = 1.05  # a wider pass must promise this much more than a plain step
 REST_CAP = 32  # steps a row rests at most before it looks again
+PROBE_EVERY, PROBE_CAP = 8, 64  # steps a row with drafts goes unverified before auto verifies a few anyway
+PROBE_WIDTH = 4  # drafted tokens a probe verifies
 
 
 @dataclass(eq=False)
@@ -36,6 +38,8 @@ class Row:
     rest: int = 0  # steps left before it drafts again
     drafted_total: int = 0
     accepted_total: int = 0
+    idle: int = 0  # steps since its drafts were last verified
+    probe_every: int = PROBE_EVERY
 
     @property
     def rate(self) -> float:
@@ -46,9 +50,17 @@ class Row:
         a = self.rate
         return 1.0 + sum(a ** j for j in range(1, m + 1))
 
+    @property
+    def due(self) -> bool:
+        """Whether auto should verify this row's drafts even at a loss: its acceptance is only known
+        from verifications (and a busy batch may have stopped verifying any)."""
+        return self.idle >= self.probe_every
+
     def verified(self, drafted: int, accepted: int) -> None:
         if drafted == 0:
             return
+        self.idle = 0
+        self.probe_every = PROBE_EVERY if accepted else min(PROBE_CAP, 2 * self.probe_every)
         self.drafted_total += drafted
         self.accepted_total += accepted
         self.accepted = DECAY * self.accepted + accepted
@@ -122,4 +134,7 @@ def choose_width(mode: str, rows: list[Row | None], drafts: list[list[int]], cos
         value = gain / costs.ratio(batch, 1 + m)
         if value > best:
             best_width, best = 1 + m, value
-    return best_width if best > batch * MARGIN else 1
+    if best > batch * MARGIN:
+        return best_width
+    probes = [len(d) for row, d in zip(rows, drafts, strict=True) if d and row is not None and row.due]
+    return 1 + min(max(probes), PROBE_WIDTH) if probes else 1

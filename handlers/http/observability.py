@@ -55,6 +55,9 @@ class Metrics:
                                           registry=r)
         self.prompt_cache_hits = Counter("swama_prompt_cache_hit_tokens", "Prompt tokens served from a cache "
                                          "(chat prompts resumed, decision prefixes shared across questions)", ["model"], registry=r)
+        self.accepted_draft_tokens = Counter("swama_accepted_draft_tokens", "Generated tokens of finished generations "
+                                             "that speculative decoding drafted and the model accepted", ["model"],
+                                             registry=r)
         waiting = Gauge("swama_queue_waiting", "Requests admitted and waiting for their model", registry=r)
         waiting.set_function(lambda: engine.status().waiting)
         running = Gauge("swama_running", "Operations running on a model now", registry=r)
@@ -78,6 +81,7 @@ class Metrics:
                  lambda: engine.status().kv_cache_usage)):
             Gauge(name, text, registry=r).set_function(read)
         r.register(_RankCollector(engine))
+        r.register(_SpeculationCollector(engine))
 
     def generation_finished(self, model: str, done: Finished) -> None:
         self.prompt_tokens.labels(model).inc(done.prompt_tokens)
@@ -85,6 +89,8 @@ class Metrics:
         self.ttft.labels(model).observe(done.prompt_seconds)
         if done.cached_tokens:
             self.prompt_cache_hits.labels(model).inc(done.cached_tokens)
+        if done.draft_tokens:
+            self.accepted_draft_tokens.labels(model).inc(done.draft_tokens)
         if done.completion_tokens > 1:
             self.per_token.labels(model).observe(done.generation_seconds / (done.completion_tokens - 1))
 
@@ -122,6 +128,29 @@ class _RankCollector:
             memory.add_metric([str(rank["rank"])], rank["active_mib"] << 20)
         yield steps
         yield memory
+
+
+class _SpeculationCollector:
+    """What each drafting model's batch did since it started (models with speculation off have none):
+    tokens drafted, and its decode steps by kind. They start over when the model is loaded again."""
+
+    def __init__(self, engine: EngineClient) -> None:
+        self.engine = engine
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily
+
+        drafted = CounterMetricFamily("swama_draft_tokens", "Tokens speculative decoding drafted and verified "
+                                      "(accepted or not), since the model was loaded", labels=["model"])
+        steps = CounterMetricFamily("swama_decode_steps", "Decode steps of a drafting model's batch since it was "
+                                    "loaded: speculative (drafts verified in one wider pass) or plain (one token "
+                                    "per row)", labels=["model", "kind"])
+        for model, counts in sorted(self.engine.status().speculation.items()):
+            drafted.add_metric([model], counts["drafted"])
+            steps.add_metric([model, "speculative"], counts["steps"])
+            steps.add_metric([model, "plain"], counts["plain_steps"])
+        yield drafted
+        yield steps
 
 
 def _route_label(scope: Scope) -> str:

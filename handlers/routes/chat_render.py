@@ -14,7 +14,7 @@ from swama.engine.client import (
     TokenLogprob,
     ToolCallEvent,
 )
-from swama.handlers.routes.turns import wire_token_logprobs
+from swama.handlers.routes.turns import wire_token_logprobs, with_draft_tokens
 
 
 def _wire_call(index: int, call: Any) -> dict[str, Any]:
@@ -23,9 +23,10 @@ def _wire_call(index: int, call: Any) -> dict[str, Any]:
 
 
 def _usage(done: Finished) -> dict[str, Any]:
-    return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
-            "total_tokens": done.prompt_tokens + done.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": done.cached_tokens}}
+    usage = {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
+             "total_tokens": done.prompt_tokens + done.completion_tokens,
+             "prompt_tokens_details": {"cached_tokens": done.cached_tokens}}
+    return with_draft_tokens(usage, done.draft_tokens)
 
 
 def wire_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:

@@ -211,7 +211,8 @@ class Choices:
                     elif isinstance(event, Finished):
                         # Tokens not released by now belong to a stop sequence, which is not sent.
                         yield Piece(index, "", none, event.finish_reason, prompt=i,
-                                    prompt_tokens=event.prompt_tokens, completion_tokens=event.completion_tokens)
+                                    prompt_tokens=event.prompt_tokens, completion_tokens=event.completion_tokens,
+                                    draft_tokens=event.draft_tokens)
             finally:
                 await events.aclose()
 

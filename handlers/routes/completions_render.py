@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from swama.engine.client import TokenLogprob
+from swama.handlers.routes.turns import with_draft_tokens
 
 WireLogprobs = dict[str, list[Any]]
 
@@ -107,11 +108,12 @@ class Piece:
     prompt: int = 0  # which prompt the choice continues
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    draft_tokens: int = 0  # generated tokens that were drafted and accepted (speculative decoding)
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int, draft_tokens: int = 0) -> dict[str, int]:
+    return with_draft_tokens({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                              "total_tokens": prompt_tokens + completion_tokens}, draft_tokens)
 
 
 class Usage:
@@ -120,14 +122,16 @@ class Usage:
     def __init__(self) -> None:
         self.prompts: dict[int, int] = {}
         self.completion_tokens = 0
+        self.draft_tokens = 0
 
     def add(self, piece: Piece) -> None:
         if piece.finish_reason is not None:
             self.prompts.setdefault(piece.prompt, piece.prompt_tokens)
             self.completion_tokens += piece.completion_tokens
+            self.draft_tokens += piece.draft_tokens
 
     def wire(self) -> dict[str, int]:
-        return usage(sum(self.prompts.values()), self.completion_tokens)
+        return usage(sum(self.prompts.values()), self.completion_tokens, self.draft_tokens)
 
 
 def _choice(piece: Piece) -> dict[str, Any]:

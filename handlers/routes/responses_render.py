@@ -24,7 +24,7 @@ from swama.engine.client import (
     ToolCall,
     ToolCallEvent,
 )
-from swama.handlers.routes.turns import wire_token_logprobs
+from swama.handlers.routes.turns import wire_token_logprobs, with_draft_tokens
 
 if TYPE_CHECKING:  # the request module imports this one to answer
     from swama.handlers.routes.responses import ResponseRequest
@@ -79,12 +79,13 @@ def function_call_stub(item_id: str, call: ToolCall) -> dict[str, Any]:
     return {**function_call_item(item_id, call, "in_progress"), "arguments": ""}
 
 
-def usage_payload(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+def usage_payload(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
+                  draft_tokens: int = 0) -> dict[str, Any]:
     # cached_tokens: prompt tokens resumed from the prompt cache; no reasoning accounting exists locally.
-    return {"input_tokens": prompt_tokens, "output_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
-            "output_tokens_details": {"reasoning_tokens": 0}}
+    return with_draft_tokens({"input_tokens": prompt_tokens, "output_tokens": completion_tokens,
+                              "total_tokens": prompt_tokens + completion_tokens,
+                              "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
+                              "output_tokens_details": {"reasoning_tokens": 0}}, draft_tokens)
 
 
 def response_object(req: ResponseRequest, *, id: str, created_at: int, status: str, output: list[dict[str, Any]],
@@ -246,7 +247,8 @@ class ResponseStream:
             ]
         self._terminated = True
         self.response = self._object(status, [self._item(s, status) for s in self._slots],
-                                     usage_payload(done.prompt_tokens, done.completion_tokens, done.cached_tokens),
+                                     usage_payload(done.prompt_tokens, done.completion_tokens, done.cached_tokens,
+                                                   done.draft_tokens),
                                      incomplete_reason="max_output_tokens" if incomplete else None)
         frames.append(self._frame(f"response.{status}", response=self.response))
         return frames

@@ -59,6 +59,17 @@ def wire_token_logprobs(entries: list[TokenLogprob]) -> list[dict[str, Any]]:
     return [{**_alternative(e), "top_logprobs": [_alternative(t) for t in e.top]} for e in entries]
 
 
+# swama's usage extension (chat, completions, responses): generated tokens that speculative decoding
+# drafted and the model accepted. Sent only when there are some, so a usage object without drafting
+# stays exactly OpenAI's.
+DRAFT_TOKENS = "accepted_draft_tokens"
+
+
+def with_draft_tokens(usage: dict[str, Any], draft_tokens: int) -> dict[str, Any]:
+    """`usage` with the accepted draft tokens added when there are any."""
+    return {**usage, DRAFT_TOKENS: draft_tokens} if draft_tokens > 0 else usage
+
+
 def tool_call(call_id: str | None, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 

@@ -321,6 +321,27 @@ def _tip_rows(page) -> list[tuple[str, str, bool]]:
         [r.cells[0].textContent, r.cells[1].textContent, r.classList.contains('chosen')])""")]
 
 
+def test_chat_reports_tokens_per_step_when_drafted_tokens_were_accepted(page) -> None:
+    usage = {"prompt_tokens": 40, "completion_tokens": 150, "total_tokens": 190,
+             "prompt_tokens_details": {"cached_tokens": 0}}
+    _fake_chat(page, [_chunk("", finish=None), _chunk("def f():"), _chunk(None, finish="stop",
+                                                                           usage={**usage, "accepted_draft_tokens": 90})])
+    page.click(".tab[data-tab=chat]")
+    page.select_option("#c-model", SMOLLM2_ID)
+    _chat(page, "Repeat the file.", 2)
+    stats = page.inner_text("#c-stats")
+    # 150 tokens in 150 - 90 = 60 decode steps.
+    assert stats.endswith(" · 2.5 tokens/step (90 drafted tokens accepted)"), stats
+    assert float(page.get_attribute("#c-stats", "data-tokens-per-step")) == 2.5
+    # Without the field (no drafted token accepted), nothing is said of steps.
+    page.unroute("**/v1/chat/completions")
+    _fake_chat(page, [_chunk("", finish=None), _chunk("ok"), _chunk(None, finish="stop", usage=usage)])
+    _chat(page, "And now?", 4)
+    stats = page.inner_text("#c-stats")
+    assert "tokens/step" not in stats and stats.endswith("cached 0"), stats
+    assert page.get_attribute("#c-stats", "data-tokens-per-step") == ""
+
+
 def test_chat_controls_compose_the_request(page) -> None:
     sent = _fake_chat(page, [_chunk("", finish=None), _chunk("ok"), _chunk(None, finish="stop")])
     page.click(".tab[data-tab=chat]")
@@ -596,8 +617,10 @@ def test_models_and_live_metrics(page, model_server: LiveServer) -> None:
     chat.start()
     page.wait_for_function(f"() => ({rate})() > 0", timeout=60_000)
     chat.join()
-    stat = {k: page.inner_text(f"[data-stat={k}]") for k in ("queue", "running", "loaded", "generated", "requests")}
+    stat = {k: page.inner_text(f"[data-stat={k}]")
+            for k in ("queue", "running", "loaded", "generated", "requests", "draft-accepted")}
     assert int(stat["queue"]) >= 0 and int(stat["running"]) >= 0 and int(stat["loaded"]) >= 1
+    assert float(stat["draft-accepted"]) >= 0
     assert float(stat["generated"]) >= 4 and float(stat["requests"]) > 0
     shot(page, "server")
 

@@ -895,8 +895,14 @@ function showChatStats(started, first, now, pieces, usage) {
     const cached = (usage.prompt_tokens_details && usage.prompt_tokens_details.cached_tokens) || 0;
     parts.push(`prompt ${usage.prompt_tokens} tokens`, `cached ${cached}`);
   }
+  // Speculative decoding: each decode step gives one token plus the drafted ones it accepts.
+  const drafted = usage ? usage.accepted_draft_tokens || 0 : 0;
+  const steps = usage ? usage.completion_tokens - drafted : 0;
+  const perStep = drafted > 0 && steps > 0 ? usage.completion_tokens / steps : null;
+  if (perStep !== null) parts.push(`${perStep.toFixed(1)} tokens/step (${drafted} drafted tokens accepted)`);
   $("#c-stats").textContent = parts.join(" \u00b7 ");
   $("#c-stats").dataset.rate = rate === null ? "" : String(rate);
+  $("#c-stats").dataset.tokensPerStep = perStep === null ? "" : String(perStep);
   $("#c-stats").dataset.cached = usage ? String((usage.prompt_tokens_details && usage.prompt_tokens_details.cached_tokens) || 0) : "";
 }
 
@@ -956,6 +962,7 @@ async function refreshServer() {
     ["Prompt tok/s", rate("swama_prompt_tokens_total"), "prompt-rate"],
     ["Generated tokens", metrics.swama_generated_tokens_total ?? 0, "generated"],
     ["Prompt tokens from the cache", metrics.swama_prompt_cache_hit_tokens_total ?? 0, "cache-hits"],
+    ["Drafted tokens accepted", metrics.swama_accepted_draft_tokens_total ?? 0, "draft-accepted"],
     ["Decision questions", metrics.swama_decision_questions_total ?? 0, "questions"],
     ["Requests", metrics.swama_requests_total ?? 0, "requests"],
     ["Version", health ? health.version : "\u2013", "version"],
