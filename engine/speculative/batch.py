@@ -66,6 +66,7 @@ class SpeculativeBatch(GenerationBatch):
     rows: list[Row | None]
 
     drafter: DraftModel | None = None
+    _known: list[int] | None = None
 
     @classmethod
     def start(cls, model: Any, fallback_sampler: Any, speculation: Speculation, counters: Counters,
@@ -74,6 +75,7 @@ class SpeculativeBatch(GenerationBatch):
         batch.speculation, batch.counters, batch.costs = speculation, counters, Costs(measured=speculation.measured)
         batch.rows, batch.drafter = [], drafter
         batch._modelled = []
+        batch._known = None  # the next tokens on the host, when a speculative step has read them
         return batch
 
     # -- rows joining and leaving ----------------------------------------------------------------
@@ -88,12 +90,15 @@ class SpeculativeBatch(GenerationBatch):
                    for s, p in zip(batch.samplers, batch.logits_processors, strict=True)]
         if convert and self.drafter is not None:
             self.drafter.join([list(t) for t in batch.tokens])
+        self._known = None  # the joining rows' first tokens are still being sampled
         super().extend(batch)
         self.rows.extend(joining)
 
     def filter(self, keep: list[int]) -> None:
         super().filter(keep)
         self.rows = [self.rows[i] for i in keep]
+        if self._known is not None:
+            self._known = [self._known[i] for i in keep]
         if self.drafter is not None:
             self.drafter.filter(keep)
 
@@ -110,6 +115,7 @@ class SpeculativeBatch(GenerationBatch):
         if width == 1:
             if any(self._modelled):  # the draft model's proposals go unverified: its caches drop them
                 self.drafter.settle(self._modelled, [0] * len(self._modelled))
+            self._known = None  # the plain step samples the next tokens lazily
             responses = super().next()
             self.counters.plain_steps += 1
         else:
@@ -129,7 +135,9 @@ class SpeculativeBatch(GenerationBatch):
                 r.rest -= 1
         if not any(looking):
             return None, []
-        lasts = self._next_tokens.tolist()  # waits for the pass that sampled them
+        lasts = self._known
+        if lasts is None and self.drafter is not None:
+            lasts = self._next_tokens.tolist()  # the draft model reads the last token: wait for its pass
         mode = self.speculation.mode
         drafts: list[list[int]] = []
         rooms: list[int] = []
@@ -141,9 +149,13 @@ class SpeculativeBatch(GenerationBatch):
                 continue
             if row.lookup is None:
                 row.lookup = PromptLookup()
-            known = self.tokens[i]
-            row.lookup.add(known[len(row.lookup.tokens):])
-            drafts.append(row.lookup.draft(lasts[i], room))
+            row.lookup.add(self.tokens[i][len(row.lookup):])
+            if lasts is not None:
+                drafts.append(row.lookup.draft(lasts[i], room))
+            else:
+                # The last token is still being sampled: draft from the copy's guess at it; a wrong
+                # guess only means the drafts are rejected, and the step never waits before its pass.
+                drafts.append(row.lookup.follow(room + 1)[1:])
         self._modelled = [0] * len(drafts)
         if self.drafter is not None:  # the draft model drafts where prompt lookup found nothing
             contexts = [[*self.tokens[i], lasts[i]] if rooms[i] > 0 and not drafts[i] else None
@@ -157,11 +169,12 @@ class SpeculativeBatch(GenerationBatch):
                 row.idle += 1
         return drafts, lasts
 
-    def _speculate(self, lasts: list[int], drafts: list[list[int]], width: int) -> list[Any]:
+    def _speculate(self, lasts: list[int] | None, drafts: list[list[int]], width: int) -> list[Any]:
         rows = len(self.uids)
-        inputs = mx.array([[x, *d] + [0] * (width - 1 - len(d)) for x, d in zip(lasts, drafts, strict=True)])
+        drafted = mx.array([d + [0] * (width - 1 - len(d)) for d in drafts], dtype=mx.uint32)
+        inputs = mx.concatenate([self._next_tokens.astype(mx.uint32)[:, None], drafted], axis=1)
         logits = self.model(inputs, cache=self.prompt_cache)
-        logits = self._processed(logits, lasts, drafts)
+        logits = self._processed(logits, drafts)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
 
         greedy = [i for i in range(rows) if drafts[i] and self.rows[i].greedy]
@@ -174,6 +187,8 @@ class SpeculativeBatch(GenerationBatch):
                 sampler = self.samplers[i] if self.samplers else self.fallback_sampler
                 picks[i] = (None, sampler(logprobs[i, :1])[0])
         mx.eval([best] if best is not None else [], lazy_arrays(picks))
+        if lasts is None:
+            lasts = self._next_tokens.tolist()
 
         best_rows = dict(zip(greedy, best.tolist(), strict=True)) if greedy else {}
         nexts: list[int] = []
@@ -201,7 +216,7 @@ class SpeculativeBatch(GenerationBatch):
             self.drafter.settle(self._modelled, accepted_drafts)
         return self._emit(emitted, nexts, accepted_drafts, width)
 
-    def _processed(self, logits: mx.array, lasts: list[int], drafts: list[list[int]]) -> mx.array:
+    def _processed(self, logits: mx.array, drafts: list[list[int]]) -> mx.array:
         """The rows' logits processors at every position a row verifies, each with its own context."""
         if not any(self.logits_processors):
             return logits
@@ -210,7 +225,7 @@ class SpeculativeBatch(GenerationBatch):
             if not processors:
                 out.append(logits[e])
                 continue
-            context = self._token_context[e].update_and_fetch(mx.array([lasts[e]], dtype=mx.int32))
+            context = self._token_context[e].update_and_fetch(self._next_tokens[e:e + 1].astype(mx.int32))
             positions = []
             for j in range(logits.shape[1]):
                 row = logits[e, j:j + 1]
@@ -261,6 +276,7 @@ class SpeculativeBatch(GenerationBatch):
                     all_tokens=self.tokens[i] if reason else None))
         self._next_tokens = mx.array(nexts, dtype=mx.uint32)
         self._next_logprobs = [_EMPTY] * len(nexts)
+        self._known = list(nexts)
         keep = [i for i in range(len(self.uids)) if i not in finished]
         if len(keep) < len(self.uids):
             self.filter(keep)

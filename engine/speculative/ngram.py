@@ -20,6 +20,10 @@ class PromptLookup:
         self.longest, self.shortest = longest, shortest
         self.tokens: list[int] = []
         self._ends: dict[tuple[int, ...], int] = {}
+        self._before: dict[tuple[int, ...], int] = {}  # the occurrence before the latest
+
+    def __len__(self) -> int:
+        return len(self.tokens)
 
     def add(self, tokens: list[int]) -> None:
         """Index tokens that follow the ones already indexed."""
@@ -28,7 +32,11 @@ class PromptLookup:
             seq.append(token)
             end = len(seq)
             for n in range(1, min(self.longest, end) + 1):
-                self._ends[tuple(seq[end - n:end])] = end
+                key = tuple(seq[end - n:end])
+                last = self._ends.get(key)
+                if last is not None:
+                    self._before[key] = last
+                self._ends[key] = end
 
     def draft(self, last: int, k: int) -> list[int]:
         """Up to `k` tokens to follow the indexed tokens and then `last` (not yet indexed)."""
@@ -45,4 +53,19 @@ class PromptLookup:
                 if len(drafted) < k and end + len(drafted) == len(seq):
                     drafted.append(last)
                 return drafted
+        return []
+
+    def follow(self, k: int) -> list[int]:
+        """Up to `k` tokens to follow the indexed tokens themselves (what followed the latest earlier
+        occurrence of their last n tokens): a guess at the token being sampled now, then a draft."""
+        seq = self.tokens
+        for n in range(self.longest, self.shortest - 1, -1):
+            if n > len(seq):
+                continue
+            key = tuple(seq[len(seq) - n:])
+            end = self._ends.get(key)
+            if end == len(seq):  # that is the suffix itself: the occurrence before it
+                end = self._before.get(key)
+            if end is not None:
+                return seq[end:end + k]
         return []

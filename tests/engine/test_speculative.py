@@ -115,8 +115,8 @@ def test_greedy_rows_that_draft_give_the_tokens_of_plain_decoding(model: LoadedM
     for request, single, (_, batched), (_, alone) in zip(requests, plain, together, one_by_one, strict=True):
         _assert_same(model, request, single, batched)
         _assert_same(model, request, single, alone)
-    assert counters.drafted > 0 and counters.steps > 0
-    if model.id == "smollm2":  # the real model copies the file: most drafts hold
+    if model.id == "smollm2":  # the real model copies the file: most drafts hold (the random one copies nothing)
+        assert counters.drafted > 0 and counters.steps > 0
         assert together[0][1].draft_tokens > together[0][1].completion_tokens // 2
 
 
