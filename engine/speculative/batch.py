@@ -148,7 +148,7 @@ class SpeculativeBatch(GenerationBatch):
                 drafts.append([])
                 continue
             if row.lookup is None:
-                row.lookup = PromptLookup()
+                row.lookup = PromptLookup(longest=self.speculation.ngram[1], shortest=self.speculation.ngram[0])
             row.lookup.add(self.tokens[i][len(row.lookup):])
             if lasts is not None:
                 drafts.append(row.lookup.draft(lasts[i], room))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from swama.engine.speculative.ngram import PromptLookup
+from swama.engine.speculative.ngram import LONGEST, SHORTEST, PromptLookup
 
 MODES = ("off", "ngram", "draft", "auto")
 PRIOR_ACCEPTED, PRIOR_TRIALS = 1.0, 2.0  # a new row's acceptance: one in two, until it has drafted
@@ -86,6 +86,7 @@ class Speculation:
 
     mode: str = "off"
     max_draft: int = 8
+    ngram: tuple[int, int] = (SHORTEST, LONGEST)  # the n-gram sizes prompt lookup matches, shortest first
     # Choose widths from measured pass times; off on ranks, where every rank must choose alike.
     measured: bool = True
 

@@ -11,11 +11,11 @@ model and on the real SmolLM2-135M-Instruct.
 from __future__ import annotations
 
 import asyncio
-import threading
 from pathlib import Path
 
 import mlx.core as mx
 import pytest
+import scheduled
 from precision import BF16_NEAR_TIE, parting, tol, top_two_gap
 
 from swama.engine.model import LoadedModel
@@ -25,7 +25,6 @@ from swama.engine.text.generator import (
     Finished,
     Sampling,
     TextDelta,
-    generate,
     make_sampling,
     prepare,
 )
@@ -52,23 +51,6 @@ def _request(prompt: str, max_tokens: int = 24, **sampling: object) -> ChatReque
                        max_tokens=max_tokens, context_limit=2048)
 
 
-def _alone(model: LoadedModel, request: ChatRequest) -> Finished:
-    events = list(generate(model, request, threading.Event()))
-    assert isinstance(events[-1], Finished)
-    return events[-1]
-
-
-async def _collect(scheduler: Scheduler, request: ChatRequest) -> tuple[str, Finished]:
-    text, finished = "", None
-    async for event in scheduler.generate(request):
-        if isinstance(event, TextDelta):
-            text += event.text
-        elif isinstance(event, Finished):
-            finished = event
-    assert finished is not None
-    return text, finished
-
-
 def _batched(model: LoadedModel, requests: list[ChatRequest], rows: int = 16,
              decode_on_loop: bool | None = None) -> list[tuple[str, Finished]]:
     async def run() -> list[tuple[str, Finished]]:
@@ -76,7 +58,7 @@ def _batched(model: LoadedModel, requests: list[ChatRequest], rows: int = 16,
         if decode_on_loop is not None:
             scheduler.decode_on_loop = decode_on_loop
         try:
-            return await asyncio.gather(*(_collect(scheduler, r) for r in requests))
+            return await asyncio.gather(*(scheduled.collect(scheduler, r) for r in requests))
         finally:
             scheduler.close()
 
@@ -139,7 +121,7 @@ def _assert_same_draw(model: LoadedModel, request: ChatRequest, a: tuple[int, ..
 
 def test_batched_rows_give_the_tokens_each_request_gives_alone(model: LoadedModel) -> None:
     requests = [_request(p) for p in PROMPTS]
-    alone = [_alone(model, r) for r in requests]
+    alone = [scheduled.alone(model, r) for r in requests]
     together = _batched(model, requests)
     for request, single, (_, batched) in zip(requests, alone, together, strict=True):
         _assert_same(model, request, single, batched)
@@ -163,7 +145,7 @@ def test_rows_joining_and_leaving_midway_keep_their_tokens(model: LoadedModel) -
     """Two rows only: the long requests wait for a free row, join while others decode, and the
     short ones leave early; each still gets its own tokens."""
     requests = [_request(p, max_tokens=n) for p, n in zip(PROMPTS, [4, 20, 6, 18, 3, 12], strict=True)]
-    alone = [_alone(model, r) for r in requests]
+    alone = [scheduled.alone(model, r) for r in requests]
     together = _batched(model, requests, rows=2)
     for request, single, (_, batched) in zip(requests, alone, together, strict=True):
         _assert_same(model, request, single, batched)
@@ -177,7 +159,7 @@ def test_a_seeded_request_samples_the_same_alone_and_batched(model: LoadedModel)
                           context_limit=2048) for p in PROMPTS[:3]]
     together = _batched(model, [others[0], seeded, *others[1:]])
     _assert_same_draw(model, seeded, alone.token_ids, together[1][1].token_ids)
-    _assert_same_draw(model, seeded, alone.token_ids, _alone(model, seeded).token_ids)  # and without the scheduler
+    _assert_same_draw(model, seeded, alone.token_ids, scheduled.alone(model, seeded).token_ids)  # and without the scheduler
     other_seed = _batched(model, [ChatRequest(seeded.messages, sampling=Sampling(temperature=0.9, top_p=0.95,
                                                                                  seed=99), max_tokens=20,
                                               context_limit=2048)])
@@ -243,7 +225,7 @@ def test_a_row_whose_client_leaves_is_freed_and_the_others_finish(tiny_model_dir
             freed_after += 0.01
         assert not scheduler._active, "the row of a client that left is still decoding"
         # One row only: the later requests run in it, one after the other.
-        done = await asyncio.wait_for(asyncio.gather(*(_collect(scheduler, _request(p, max_tokens=8))
+        done = await asyncio.wait_for(asyncio.gather(*(scheduled.collect(scheduler, _request(p, max_tokens=8))
                                                        for p in PROMPTS[:2])), timeout=60)
         await asyncio.sleep(0.2)
         active = len(scheduler._active)

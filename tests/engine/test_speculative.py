@@ -10,7 +10,6 @@ caches cannot be cut back per row never draft.
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import mlx.core as mx
 import pytest
 from precision import parting, top_two_gap
+from scheduled import alone, collect
 
 from swama.engine.model import LoadedModel
 from swama.engine.serving.prompt_cache import PromptCache
@@ -25,7 +25,7 @@ from swama.engine.serving.scheduler import Scheduler
 from swama.engine.speculative.ngram import PromptLookup
 from swama.engine.speculative.policy import Speculation
 from swama.engine.speculative.verify import verify_sampled
-from swama.engine.text.generator import ChatRequest, Finished, Sampling, TextDelta, generate, prepare
+from swama.engine.text.generator import ChatRequest, Finished, Sampling, TextDelta, prepare
 from swama.engine.text.grammar import Constraint
 from swama.engine.text.language import load_language_model
 from swama.engine.text.sampler import Sampler
@@ -55,23 +55,6 @@ def _request(prompt: str, max_tokens: int = 96, **sampling: Any) -> ChatRequest:
                        max_tokens=max_tokens, context_limit=4096)
 
 
-def _alone(model: LoadedModel, request: ChatRequest) -> Finished:
-    events = list(generate(model, request, threading.Event()))
-    assert isinstance(events[-1], Finished)
-    return events[-1]
-
-
-async def _collect(scheduler: Scheduler, request: ChatRequest) -> tuple[str, Finished]:
-    text, finished = "", None
-    async for event in scheduler.generate(request):
-        if isinstance(event, TextDelta):
-            text += event.text
-        elif isinstance(event, Finished):
-            finished = event
-    assert finished is not None
-    return text, finished
-
-
 def _scheduled(model: LoadedModel, requests: list[ChatRequest], speculation: Speculation = NGRAM, rows: int = 8,
                prompt_cache: PromptCache | None = None,
                draft: LoadedModel | None = None) -> tuple[list[tuple[str, Finished]], Any]:
@@ -79,7 +62,7 @@ def _scheduled(model: LoadedModel, requests: list[ChatRequest], speculation: Spe
         scheduler = Scheduler(model, prompt_cache=prompt_cache, rows=rows, prefill_step=256, speculation=speculation,
                               draft=draft)
         try:
-            results = await asyncio.gather(*(_collect(scheduler, r) for r in requests))
+            results = await asyncio.gather(*(collect(scheduler, r) for r in requests))
             return results, getattr(scheduler._gen, "counters", None)
         finally:
             scheduler.close()
@@ -109,12 +92,12 @@ def test_prompt_lookup_drafts_what_followed_the_latest_match() -> None:
 
 def test_greedy_rows_that_draft_give_the_tokens_of_plain_decoding(model: LoadedModel) -> None:
     requests = [_request(p) for p in PROMPTS]
-    plain = [_alone(model, r) for r in requests]
+    plain = [alone(model, r) for r in requests]
     together, counters = _scheduled(model, requests)
     one_by_one = [_scheduled(model, [r], rows=1)[0][0] for r in requests]
-    for request, single, (_, batched), (_, alone) in zip(requests, plain, together, one_by_one, strict=True):
+    for request, single, (_, batched), (_, by_itself) in zip(requests, plain, together, one_by_one, strict=True):
         _assert_same(model, request, single, batched)
-        _assert_same(model, request, single, alone)
+        _assert_same(model, request, single, by_itself)
     if model.id == "smollm2":  # the real model copies the file: most drafts hold (the random one copies nothing)
         assert counters.drafted > 0 and counters.steps > 0
         assert together[0][1].draft_tokens > together[0][1].completion_tokens // 2
@@ -127,7 +110,7 @@ def test_a_draft_model_drafts_for_every_row_and_greedy_output_stays_plain(smollm
     SmolLM2 drafting for itself nearly every draft holds, with the tiny random model few do; either
     way the tokens are plain decoding's."""
     requests = [_request(p, max_tokens=n) for p, n in zip(PROMPTS * 2, [40, 24, 8, 16, 30, 12], strict=True)]
-    plain = [_alone(smollm2, r) for r in requests]
+    plain = [alone(smollm2, r) for r in requests]
     itself = load_language_model("smollm2-draft", smollm2_dir)
     tiny = load_language_model("tiny", tiny_model_dir)
     for draft, least in ((itself, 0.8), (tiny, 0.0)):
@@ -154,7 +137,7 @@ def test_budgets_and_stop_sequences_cut_a_drafted_run_where_plain_decoding_would
 
 def test_penalties_apply_at_every_drafted_position(smollm2: LoadedModel) -> None:
     request = _request(ECHO, max_tokens=64, repetition_penalty=1.15, presence_penalty=0.3)
-    plain = _alone(smollm2, request)
+    plain = alone(smollm2, request)
     (_, drafted), = _scheduled(smollm2, [request])[0]
     _assert_same(smollm2, request, plain, drafted)
     assert drafted.draft_tokens > 0  # penalties change the text, yet drafts still hold
@@ -187,12 +170,12 @@ def test_a_drafted_row_hands_the_prompt_cache_exactly_its_tokens(smollm2: Loaded
                          sampling=Sampling(temperature=0), max_tokens=40, context_limit=4096)
     (_, resumed), = _scheduled(smollm2, [follow], prompt_cache=cache)[0]
     assert resumed.cached_tokens > len(prepare(smollm2, first).ids)
-    _assert_same(smollm2, follow, _alone(smollm2, follow), resumed)
+    _assert_same(smollm2, follow, alone(smollm2, follow), resumed)
 
 
 def test_a_cancelled_drafting_row_leaves_the_others_exact(smollm2: LoadedModel) -> None:
     requests = [_request(ECHO, max_tokens=120), _request(PROMPTS[2], max_tokens=40)]
-    plain = _alone(smollm2, requests[1])
+    plain = alone(smollm2, requests[1])
 
     async def run() -> Finished:
         scheduler = Scheduler(smollm2, prompt_cache=PromptCache(1 << 30), rows=4, prefill_step=256,
@@ -205,7 +188,7 @@ def test_a_cancelled_drafting_row_leaves_the_others_exact(smollm2: LoadedModel) 
                     if n >= 5:
                         break  # the client goes away mid-run
 
-            _, (_, other) = await asyncio.gather(cancel_early(), _collect(scheduler, requests[1]))
+            _, (_, other) = await asyncio.gather(cancel_early(), collect(scheduler, requests[1]))
             return other
         finally:
             scheduler.close()
@@ -222,7 +205,7 @@ def test_sliding_window_layers_draft_and_keep_plain_decoding(smollm2_dir: Path, 
     model, itself = load_language_model("gemma3", folder), load_language_model("gemma3-draft", folder)
     requests = [ChatRequest([{"role": "user", "content": f"Count the {topic}. " * 40}], sampling=Sampling(temperature=0),
                             max_tokens=n, context_limit=4096) for topic, n in (("rivers", 300), ("bridges", 24))]
-    plain = [_alone(model, r) for r in requests]
+    plain = [alone(model, r) for r in requests]
     results, counters = _scheduled(model, requests, Speculation("draft", 4), draft=itself)
     for single, (_, drafted) in zip(plain, results, strict=True):
         assert parting(single.token_ids, drafted.token_ids) is None
@@ -284,7 +267,7 @@ def test_sampled_rows_that_draft_keep_the_distribution_of_plain_sampling(tiny_mo
     differ by about 0.05 on average)."""
     model = load_language_model("tiny", tiny_model_dir)
     seed_prompt = prepare(model, _request("Count the rivers.")).ids
-    greedy = _alone(model, ChatRequest([], prompt=seed_prompt, sampling=Sampling(temperature=0), max_tokens=12,
+    greedy = alone(model, ChatRequest([], prompt=seed_prompt, sampling=Sampling(temperature=0), max_tokens=12,
                                        context_limit=4096)).token_ids
     prompt = seed_prompt + list(greedy) + seed_prompt + list(greedy[:2])
     rows = 16
