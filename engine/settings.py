@@ -114,7 +114,7 @@ class EngineSettings(StoreSettings):
         "auto", "drafting in the batch: 'ngram' verifies continuations copied from the request's own text "
                 "(prompt lookup) whenever one is found, 'draft' the tokens --draft-model proposes, 'auto' both "
                 "(the draft model where lookup finds nothing) only while a row's acceptance pays for the wider "
-                "pass, 'off' decodes one token per step", choices=SPECULATIVE_MODES, metavar="MODE")
+                "pass, on the CPU (on a GPU auto is off: measured slower there), 'off' decodes one token per step", choices=SPECULATIVE_MODES, metavar="MODE")
     draft_tokens: int = option(8, "most tokens a row drafts for one speculative step", metavar="N", ge=1, le=32)
     draft_model: str | None = option(
         None, "a smaller installed model with the same tokenizer that drafts tokens for the served language "

@@ -56,7 +56,7 @@ from swama.engine.runtime import on_gpu
 from swama.engine.serving.prompt_cache import PromptCache, cacheable
 from swama.engine.serving.threads import THREADS, in_thread
 from swama.engine.settings import CPU_PREFILL_STEP, GPU_PREFILL_STEP, default_of
-from swama.engine.speculative.policy import Speculation
+from swama.engine.speculative.policy import Speculation, for_device
 from swama.engine.text.generator import (
     ChatRequest,
     Decoder,
@@ -175,7 +175,7 @@ class Scheduler:
                  draft: LoadedModel | None = None) -> None:
         self.model = model
         self.group: RankGroup | None = model.group
-        self.speculation = speculation or Speculation()
+        self.speculation = for_device(speculation or Speculation(), on_gpu())
         self.draft = draft if self.group is None else None  # ranks draft by prompt lookup alone
         if self.group is not None:  # every rank must choose the same pass widths: from the prior, not timings
             self.speculation = dataclasses.replace(self.speculation, measured=False)
