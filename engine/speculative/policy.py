@@ -19,9 +19,10 @@ MODES = ("off", "ngram", "draft", "auto")
 PRIOR_ACCEPTED, PRIOR_TRIALS = 1.0, 2.0  # a new row's acceptance: one in two, until it has drafted
 DECAY = 0.7  # weight of a row's earlier verifications against its latest
 SLOPE = 0.12  # before any measurement: each extra position costs this fraction of a plain pass
-MARGIN = 1.05  # a wider pass must promise this much more than a plain step
+MARGIN = 1.15  # a wider pass must promise this much more than a plain step
 REST_CAP = 32  # steps a row rests at most before it looks again
 PROBE_EVERY, PROBE_CAP = 8, 64  # steps a row with drafts goes unverified before auto verifies a few anyway
+PROBE_GAP = 32  # plain steps in a row the batch takes before it spends a step on a probe
 PROBE_WIDTH = 4  # drafted tokens a probe verifies
 
 
@@ -115,8 +116,10 @@ class Costs:
 
     seconds: dict[tuple[int, int], float] = field(default_factory=dict)
     measured: bool = True
+    plain_run: int = 0  # plain steps since the last wider one
 
     def record(self, rows: int, width: int, seconds: float) -> None:
+        self.plain_run = self.plain_run + 1 if width == 1 else 0
         if not self.measured:
             return
         key = (_bucket(rows), width)
@@ -147,5 +150,7 @@ def choose_width(mode: str, rows: list[Row | None], drafts: list[list[int]], cos
             best_width, best = 1 + m, value
     if best > batch * MARGIN:
         return best_width
+    if costs.plain_run < PROBE_GAP:  # probes are rare, whatever the number of rows that are due
+        return 1
     probes = [len(d) for row, d in zip(rows, drafts, strict=True) if d and row is not None and row.due]
     return 1 + min(max(probes), PROBE_WIDTH) if probes else 1
