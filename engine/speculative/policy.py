@@ -37,8 +37,6 @@ class Row:
     trials: float = PRIOR_TRIALS
     misses: int = 0  # lookups or verifications in a row that gained nothing
     rest: int = 0  # steps left before it drafts again
-    drafted_total: int = 0
-    accepted_total: int = 0
     idle: int = 0  # steps since its drafts were last verified
     probe_every: int = PROBE_EVERY
 
@@ -62,8 +60,6 @@ class Row:
             return
         self.idle = 0
         self.probe_every = PROBE_EVERY if accepted else min(PROBE_CAP, 2 * self.probe_every)
-        self.drafted_total += drafted
-        self.accepted_total += accepted
         self.accepted = DECAY * self.accepted + accepted
         self.trials = DECAY * self.trials + accepted + (1 if accepted < drafted else 0)
         self._gained(accepted > 0)
