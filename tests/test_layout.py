@@ -102,7 +102,8 @@ def test_per_model_state_is_typed() -> None:
     fields = {f.name for f in dataclasses.fields(LoadedModel)}
     assert "caches" not in fields and "state" in fields
     assert {f.name for f in dataclasses.fields(ModelState)} == {"scheduler", "prompt_cache", "native_tools",
-                                                                 "decisions", "token_bytes", "grammars"}
+                                                                 "decisions", "token_bytes", "grammars",
+                                                                 "think_markers"}
 
 
 def test_the_engine_is_the_door_it_promises() -> None:

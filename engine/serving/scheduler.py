@@ -225,9 +225,10 @@ class Scheduler:
             job_done = self.call(lambda: self._alone(job))
         else:
             def ready() -> None:  # rendering, tokenizing and compiling a grammar: off the event loop
-                job.ids = prepare(self.model, request).ids
-                job.processors, recorder = row_processors(self.model, request)
-                job.decoder = Decoder(self.model, request, len(job.ids), recorder)
+                prompt = prepare(self.model, request)
+                job.ids = prompt.ids
+                job.processors, recorder = row_processors(self.model, request, prompt)
+                job.decoder = Decoder(self.model, request, len(job.ids), recorder, prompt.opens_thinking)
 
             await in_thread(ready)
             job.decoder.started = job.submitted  # time to first token counts the preparation and the wait for a row

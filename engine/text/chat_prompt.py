@@ -24,6 +24,22 @@ class Prompt:
     ids: list[int]
     text: str
     trimmed: bool = False
+    opens_thinking: bool = False  # the text ends inside a think block (text/reasoning.py)
+
+
+class TemplateOptions:
+    """The tokenizer, with options added to every `apply_chat_template` call (a request's thinking
+    switch, /tokenize's template arguments): build_prompt renders as it always does, with these on top."""
+
+    def __init__(self, tokenizer: Any, options: dict[str, Any]) -> None:
+        self._tokenizer = tokenizer
+        self._options = options
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], **kwargs: Any) -> Any:
+        return self._tokenizer.apply_chat_template(messages, **{**kwargs, **self._options})
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tokenizer, name)
 
 
 def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:

@@ -19,9 +19,10 @@ from swama.engine.kinds.vision import MULTIMODAL_CONTEXT_LIMIT, Prefill
 from swama.engine.model import LoadedModel
 from swama.engine.serving.prompt_cache import PromptCache, cacheable
 from swama.engine.settings import default_of
-from swama.engine.text.chat_prompt import Prompt, build_prompt, template_renders_tools
+from swama.engine.text.chat_prompt import Prompt, TemplateOptions, build_prompt, template_renders_tools
 from swama.engine.text.grammar import Constraint, enforcer
 from swama.engine.text.logprobs import MAX_TOP_LOGPROBS, Recorder, TokenLogprob, token_bytes
+from swama.engine.text.reasoning import ReasoningSplitter, ThinkingBudget, markers, prompt_opens
 from swama.engine.text.sampler import Sampler, shared_sampler
 from swama.engine.text.tool_calls import DEFAULT_FORMAT, ToolCall, ToolCallSplitter, tool_format
 
@@ -69,6 +70,12 @@ class ChatRequest:
     # alternatives (`Logprobs` events).
     logprobs: int | None = None
     parallel_tool_calls: bool = True  # False: the output ends after its first tool call
+    # Models that think (text/reasoning.py): None keeps the template's default, True/False is passed
+    # as its thinking switch; a budget closes the think block after that many tokens.
+    thinking: bool | None = None
+    thinking_budget: int | None = None
+    # The last message is the start of the answer, which the model continues (Anthropic's prefill).
+    continue_final: bool = False
 
     @property
     def effective_context_limit(self) -> int:
@@ -78,6 +85,13 @@ class ChatRequest:
 
 @dataclass(frozen=True)
 class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ReasoningDelta:
+    """Thinking text of a model that thinks, apart from the answer's `TextDelta`s."""
+
     text: str
 
 
@@ -104,9 +118,11 @@ class Finished:
     cached_tokens: int = 0  # prompt tokens resumed from the prompt cache instead of prefilled
     token_ids: tuple[int, ...] = ()  # the tokens generated, end-of-sequence token excluded
     draft_tokens: int = 0  # generated tokens that were drafted and accepted (engine/speculative/)
+    reasoning_tokens: int = 0  # generated tokens that were thinking
+    stop_sequence: str | None = None  # the request's stop sequence that ended the output, if one did
 
 
-Event = TextDelta | Logprobs | ToolCallEvent | Finished
+Event = TextDelta | ReasoningDelta | Logprobs | ToolCallEvent | Finished
 
 
 def native_tools(model: LoadedModel) -> bool:
@@ -121,6 +137,8 @@ def prepare(model: LoadedModel, request: ChatRequest) -> Prompt:
         raise BadInput(OUT_OF_RANGE)
     if request.logprobs is not None and not 0 <= request.logprobs <= MAX_TOP_LOGPROBS:
         raise BadInput(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}.")
+    if request.thinking_budget is not None and request.thinking_budget < 1:
+        raise BadInput("A thinking budget must be at least 1 token.")
     if request.prompt is not None:
         return _raw_prompt(model, request)
     if not model.has_chat_template:
@@ -129,8 +147,22 @@ def prepare(model: LoadedModel, request: ChatRequest) -> Prompt:
         raise BadInput("Generation requires at least one message.")
     if request.images and model.vision is None:
         raise BadInput(IMAGES_NEED_VISION, code="invalid_image")
-    return build_prompt(model.tokenizer, request.messages, request.tools, request.effective_context_limit,
-                        native_tools(model))
+    found = markers(model)
+    thinking = request.thinking
+    if found is not None and thinking is None and request.constraint is not None:
+        thinking = False  # a constrained answer leaves no room for a think block
+    options: dict[str, Any] = {}
+    if found is not None and thinking is not None:
+        options["enable_thinking"] = thinking
+    if request.continue_final:
+        if request.messages[-1].get("role") != "assistant":
+            raise BadInput("Only an assistant message can be continued.")
+        options.update(add_generation_prompt=False, continue_final_message=True)
+    tokenizer = TemplateOptions(model.tokenizer, options) if options else model.tokenizer
+    prompt = build_prompt(tokenizer, request.messages, request.tools, request.effective_context_limit,
+                          native_tools(model))
+    prompt.opens_thinking = prompt_opens(found, prompt.text)
+    return prompt
 
 
 def prompt_ids(model: LoadedModel, prompt: str | list[int]) -> list[int]:
@@ -176,12 +208,17 @@ def constraint_processors(model: LoadedModel, constraint: Constraint | None) -> 
     return [enforcer(model, constraint, fmt)]
 
 
-def row_processors(model: LoadedModel, request: ChatRequest) -> tuple[list[Any], Recorder | None]:
+def row_processors(model: LoadedModel, request: ChatRequest, prompt: Prompt) -> tuple[list[Any], Recorder | None]:
     """The logits processors a request adds to its sampling's: a recorder of log probabilities
-    (first: it reads the model's own logits) and a structured-output mask (last: after penalties)."""
+    (first: it reads the model's own logits), a structured-output mask and a thinking budget (last:
+    after penalties)."""
     recorder = Recorder(request.sampling.temperature, request.logprobs) if request.logprobs is not None else None
     processors: list[Any] = [recorder] if recorder is not None else []
-    return processors + constraint_processors(model, request.constraint), recorder
+    found = markers(model)
+    budget = []
+    if found is not None and request.thinking_budget is not None and request.thinking is not False:
+        budget = [ThinkingBudget(model.tokenizer, found, prompt.opens_thinking, request.thinking_budget)]
+    return processors + constraint_processors(model, request.constraint) + budget, recorder
 
 
 def _multimodal(model: LoadedModel, prompt: Prompt, request: ChatRequest) -> Prefill:
@@ -200,12 +237,13 @@ class _StopMatcher:
     def __init__(self, stops: list[str]) -> None:
         self.stops = [s for s in stops if s]
         self.pending = ""
+        self.hit: str | None = None  # the stop sequence found
 
     def feed(self, text: str) -> tuple[str, bool]:
         self.pending += text
         hits = [(self.pending.find(s), s) for s in self.stops if s in self.pending]
         if hits:
-            pos = min(h[0] for h in hits)
+            pos, self.hit = min(hits)
             out, self.pending = self.pending[:pos], ""
             return out, True
         keep = 0
@@ -271,7 +309,7 @@ class Decoder:
     `Finished`. The same for a request generated alone and for one row of a batch."""
 
     def __init__(self, model: LoadedModel, request: ChatRequest, prompt_tokens: int,
-                 recorder: Recorder | None = None) -> None:
+                 recorder: Recorder | None = None, opens_thinking: bool = False) -> None:
         self.eos_ids = model.eos_ids
         self.recorder = recorder
         self.table = token_bytes(model) if recorder is not None else None
@@ -279,6 +317,9 @@ class Decoder:
         if request.prompt is not None:
             _keep_leading_space(self.detok)
         self.splitter = ToolCallSplitter(tool_format(model.tokenizer), request.tools) if request.tools else None
+        found = markers(model) if request.prompt is None else None
+        self.reasoning = ReasoningSplitter(found, opens_thinking) if found is not None else None
+        self.reasoning_tokens = 0
         self.stopper = _StopMatcher(request.stop)
         self.prompt_tokens = prompt_tokens
         self.started = time.perf_counter()
@@ -306,10 +347,17 @@ class Decoder:
             self.finish_reason = "stop"
         return events
 
-    def _emit(self, text: str) -> list[Event]:
+    def _emit(self, text: str, last: bool = False) -> list[Event]:
         events: list[Event] = []
         if self.saw_call and not self.parallel:
             return events  # the output ended with its call
+        if self.reasoning is not None:
+            thought, text = self.reasoning.feed(text)
+            if last:
+                more, rest = self.reasoning.finish()
+                thought, text = thought + more, text + rest
+            if thought:
+                events.append(ReasoningDelta(thought))
         if self.splitter is not None:
             text, calls = self.splitter.feed(text)
             events += self._calls(calls)
@@ -335,7 +383,10 @@ class Decoder:
         if stopped:
             self.finish_reason, self.stop_hit = "stop", True
         events: list[Event] = [Logprobs((logprob,))] if logprob is not None else []
-        return events + self._emit(text)
+        events += self._emit(text)
+        if self.reasoning is not None and self.reasoning.state in ("open", "inside", "closed"):
+            self.reasoning_tokens += 1  # a token of the think block (or the blank line closing it)
+        return events
 
     def finish(self, reason: str, cached_tokens: int = 0) -> list[Event]:
         """The held-back text, the tool calls still open, and the `Finished` event."""
@@ -343,7 +394,9 @@ class Decoder:
         events: list[Event] = []
         if not self.stop_hit:
             tail, self.stop_hit = self.stopper.feed(self.detok.last_segment)
-            events += self._emit(tail if self.stop_hit else tail + self.stopper.flush())
+            events += self._emit(tail if self.stop_hit else tail + self.stopper.flush(), last=True)
+        elif self.reasoning is not None:
+            events += self._emit("", last=True)
         if self.splitter is not None and not (self.saw_call and not self.parallel):
             text, calls = self.splitter.finish()
             if text:
@@ -353,7 +406,7 @@ class Decoder:
         first = self.first_token_at or end
         events.append(Finished("tool_calls" if self.saw_call else reason, self.prompt_tokens, self.generated,
                                first - self.started, end - first, cached_tokens, tuple(self.tokens),
-                               self.drafted))
+                               self.drafted, self.reasoning_tokens, self.stopper.hit))
         return events
 
 
@@ -381,9 +434,9 @@ def generate(model: LoadedModel, request: ChatRequest, cancel: threading.Event) 
     ids = prefill.ids if prefill is not None else prompt.ids
     max_tokens = token_budget(request, len(ids))
     sampler, processors = make_sampling(model, request.sampling)
-    extra_processors, recorder = row_processors(model, request)
+    extra_processors, recorder = row_processors(model, request, prompt)
     processors = ordered(processors, extra_processors)
-    decoder = Decoder(model, request, len(ids), recorder)
+    decoder = Decoder(model, request, len(ids), recorder, prompt.opens_thinking)
     extra: dict[str, Any] = {}
     if prefill is not None:
         # One prefill call: the multimodal inputs (positions, masks) cover the whole prompt.

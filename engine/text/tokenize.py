@@ -18,7 +18,7 @@ from swama.engine.errors import BadInput
 from swama.engine.kinds.tasks import IMAGES_NEED_VISION
 from swama.engine.kinds.vision import MULTIMODAL_CONTEXT_LIMIT
 from swama.engine.model import LoadedModel
-from swama.engine.text.chat_prompt import build_prompt
+from swama.engine.text.chat_prompt import TemplateOptions, build_prompt
 from swama.engine.text.generator import native_tools
 
 # Parameters of `apply_chat_template` itself: chat_template_kwargs may set template variables, never
@@ -67,21 +67,6 @@ class Tokenized:
     max_model_len: int  # the context limit this prompt is held to when it is generated from
 
 
-class _TemplateOptions:
-    """The tokenizer, with a request's template options added to every `apply_chat_template` call:
-    build_prompt then renders exactly as for a chat completion, only with these options on top."""
-
-    def __init__(self, tokenizer: Any, options: dict[str, Any]) -> None:
-        self._tokenizer = tokenizer
-        self._options = options
-
-    def apply_chat_template(self, messages: list[dict[str, Any]], **kwargs: Any) -> Any:
-        return self._tokenizer.apply_chat_template(messages, **{**kwargs, **self._options})
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._tokenizer, name)
-
-
 def _options(job: TokenizeJob) -> dict[str, Any]:
     """Only what differs from a chat completion's rendering, so the default renders the same call."""
     options = dict(job.template_kwargs)
@@ -98,7 +83,7 @@ def _chat_ids(model: LoadedModel, job: TokenizeJob) -> list[int]:
     if job.images and model.vision is None:
         raise BadInput(IMAGES_NEED_VISION, code="invalid_image")
     options = _options(job)
-    tokenizer = _TemplateOptions(model.tokenizer, options) if options else model.tokenizer
+    tokenizer = TemplateOptions(model.tokenizer, options) if options else model.tokenizer
     # No limit: build_prompt trims a prompt that does not fit, and the count is of the whole prompt.
     prompt = build_prompt(tokenizer, job.messages, job.tools, sys.maxsize, native_tools(model))
     if job.images:  # the processor expands each image's placeholder, as a chat completion's prefill does

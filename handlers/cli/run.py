@@ -21,6 +21,7 @@ from swama.engine.client import (
     EngineError,
     EngineSettings,
     Finished,
+    ReasoningDelta,
     RuntimeSettings,
     Sampling,
     Task,
@@ -164,7 +165,11 @@ async def _in_process(args: argparse.Namespace, images: list[Image]) -> int:
     try:
         model = engine.model_for(args.model, Task.GENERATE)
         async for event in engine.chat(model.id, request):
-            if isinstance(event, TextDelta):
+            if isinstance(event, ReasoningDelta) and args.stream:
+                # A thinking model's thinking: shown as it comes, dimmed, on stderr (stdout is the answer).
+                print(f"\033[2m{event.text}\033[0m" if sys.stderr.isatty() else event.text, end="",
+                      file=sys.stderr, flush=True)
+            elif isinstance(event, TextDelta):
                 if args.stream:
                     print(event.text, end="", flush=True)
                 else:
