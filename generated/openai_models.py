@@ -664,6 +664,7 @@ class ChatCompletionResponseMessage(BaseModel):
     role: ChatCompletionResponseMessageRole
     function_call: ChatCompletionResponseMessageFunctionCall | None = None
     audio: ChatCompletionResponseMessageAudio | None = None
+    reasoning_content: StrictStr | None = None
 
 
 class ChatCompletionResponseMessageAnnotation(BaseModel):
@@ -715,6 +716,7 @@ class ChatCompletionStreamResponseDelta(BaseModel):
     tool_calls: list[ChatCompletionMessageToolCallChunk] | None = None
     role: ChatCompletionStreamResponseDeltaRole | None = None
     refusal: StrictStr | None = None
+    reasoning_content: StrictStr | None = None
 
 
 class ChatCompletionStreamResponseDeltaFunctionCall(BaseModel):
@@ -1179,6 +1181,8 @@ class CreateChatCompletionRequest(BaseModel):
     response_format: (
         ResponseFormatText | ResponseFormatJsonObject | ResponseFormatJsonSchema | None
     ) = None
+    reasoning_effort: ReasoningEffort | None = None
+    chat_template_kwargs: CreateChatCompletionRequestChatTemplateKwargs | None = None
     top_k: Annotated[JSONInt | None, Field(ge=0)] = None
     min_p: Annotated[StrictFloat | None, Field(ge=0.0, le=1.0)] = None
     repetition_penalty: CreateChatCompletionRequestRepetitionPenalty | None = None
@@ -1191,6 +1195,13 @@ class CreateChatCompletionRequest(BaseModel):
     safety_identifier: StrictStr | None = None
     prompt_cache_key: StrictStr | None = None
     metadata: dict[str, StrictStr] | None = None
+
+
+class CreateChatCompletionRequestChatTemplateKwargs(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    enable_thinking: StrictBool | None = None
 
 
 class CreateChatCompletionRequestFrequencyPenalty(RootModel[StrictFloat]):
@@ -4541,20 +4552,6 @@ class ResponsesRequestMessageItem(BaseModel):
     status: ResponsesRequestItemStatus | None = None
 
 
-class ResponsesRequestInputItem(
-    RootModel[
-        ResponsesRequestMessageItem
-        | ResponsesRequestFunctionCallItem
-        | ResponsesRequestFunctionCallOutputItem
-    ]
-):
-    root: ResponsesRequestMessageItem | ResponsesRequestFunctionCallItem | ResponsesRequestFunctionCallOutputItem
-
-
-class CreateResponseInput1(RootModel[list[ResponsesRequestInputItem]]):
-    root: Annotated[list[ResponsesRequestInputItem], Field(min_length=1)]
-
-
 class ResponsesRequestMessageItemRole(StrEnum):
     user = "user"
     developer = "developer"
@@ -4572,10 +4569,78 @@ class ResponsesRequestReasoning(BaseModel):
         extra="forbid",
     )
     summary: ResponsesRequestReasoningSummary = "auto"
+    effort: ResponsesRequestReasoningEffort | None = None
+
+
+class ResponsesRequestReasoningEffort(StrEnum):
+    none = "none"
+    minimal = "minimal"
+    low = "low"
+    medium = "medium"
+    high = "high"
+    xhigh = "xhigh"
+    max = "max"
+
+
+class ResponsesRequestReasoningItem(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    type: ResponsesRequestReasoningItemType
+    id: StrictStr | None = None
+    summary: list[ResponsesRequestReasoningItemSummaryItem] | None = None
+    content: list[ResponsesRequestReasoningItemContentItem] | None = None
+    encrypted_content: StrictStr | None = None
+    status: ResponsesRequestItemStatus | None = None
+
+
+class ResponsesRequestInputItem(
+    RootModel[
+        ResponsesRequestMessageItem
+        | ResponsesRequestFunctionCallItem
+        | ResponsesRequestFunctionCallOutputItem
+        | ResponsesRequestReasoningItem
+    ]
+):
+    root: ResponsesRequestMessageItem | ResponsesRequestFunctionCallItem | ResponsesRequestFunctionCallOutputItem | ResponsesRequestReasoningItem
+
+
+class CreateResponseInput1(RootModel[list[ResponsesRequestInputItem]]):
+    root: Annotated[list[ResponsesRequestInputItem], Field(min_length=1)]
+
+
+class ResponsesRequestReasoningItemContentItem(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    type: ResponsesRequestReasoningItemContentItemType
+    text: StrictStr
+
+
+class ResponsesRequestReasoningItemContentItemType(StrEnum):
+    reasoning_text = "reasoning_text"
+
+
+class ResponsesRequestReasoningItemSummaryItem(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    type: ResponsesRequestReasoningItemSummaryItemType
+    text: StrictStr
+
+
+class ResponsesRequestReasoningItemSummaryItemType(StrEnum):
+    summary_text = "summary_text"
+
+
+class ResponsesRequestReasoningItemType(StrEnum):
+    reasoning = "reasoning"
 
 
 class ResponsesRequestReasoningSummary(StrEnum):
     auto = "auto"
+    concise = "concise"
+    detailed = "detailed"
 
 
 class ResponsesRequestText(BaseModel):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from swama.generated import decisions_models, openai_models, systemone_models, tokenize_models, workers_ai_models
+from swama.generated import anthropic_models, decisions_models, openai_models, systemone_models, tokenize_models, workers_ai_models
 from swama.handlers.http.pipeline import Operation, dispatch
 
 router = APIRouter()
@@ -177,6 +177,28 @@ OPERATIONS: dict[str, Operation] = {
         response_model=tokenize_models.DetokenizeResponse,
         error_model=tokenize_models.ErrorResponse,
     ),
+    'createMessage': Operation(
+        operation_id='createMessage',
+        method='POST',
+        path='/v1/messages',
+        family='anthropic',
+        handler='routes.messages:create_message',
+        media_type='application/json',
+        request_model=anthropic_models.AnthropicMessageCreateParams,
+        response_model=anthropic_models.AnthropicMessage,
+        error_model=anthropic_models.AnthropicErrorResponse,
+    ),
+    'countMessageTokens': Operation(
+        operation_id='countMessageTokens',
+        method='POST',
+        path='/v1/messages/count_tokens',
+        family='anthropic',
+        handler='routes.messages:count_message_tokens',
+        media_type='application/json',
+        request_model=anthropic_models.AnthropicMessageCountTokensParams,
+        response_model=anthropic_models.AnthropicMessageTokensCount,
+        error_model=anthropic_models.AnthropicErrorResponse,
+    ),
 }
 
 
@@ -253,3 +275,13 @@ async def tokenize(request: Request) -> Response:
 @router.post('/detokenize', operation_id='detokenize')
 async def detokenize(request: Request) -> Response:
     return await dispatch(OPERATIONS['detokenize'], request)
+
+
+@router.post('/v1/messages', operation_id='createMessage')
+async def create_message(request: Request) -> Response:
+    return await dispatch(OPERATIONS['createMessage'], request)
+
+
+@router.post('/v1/messages/count_tokens', operation_id='countMessageTokens')
+async def count_message_tokens(request: Request) -> Response:
+    return await dispatch(OPERATIONS['countMessageTokens'], request)

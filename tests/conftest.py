@@ -73,17 +73,24 @@ def make_store(tmp_path_factory: pytest.TempPathFactory, name: str, models: dict
 
 SMOLLM2_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 TINY_ID = "test/tiny-qwen3"
+THINKING_ID = "test/tiny-qwen3-thinking"
+OPENING_ID = "test/tiny-opening-thinker"
 
 
 @pytest.fixture(scope="session")
-def model_store(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path, tiny_model_dir: Path) -> Path:
-    """A store with SmolLM2 (real weights) and the tiny random model."""
-    return make_store(tmp_path_factory, "store", {SMOLLM2_ID: smollm2_dir, TINY_ID: tiny_model_dir})
+def model_store(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path, tiny_model_dir: Path,
+                tiny_thinking_dir: Path, tiny_opening_thinker_dir: Path) -> Path:
+    """A store with SmolLM2 (real weights), the tiny random model, and two tiny random models with Qwen3's
+    own tokenizer that think: one with Qwen3's chat template, one whose generation prompt opens the
+    think block (as Qwen3.5's does)."""
+    return make_store(tmp_path_factory, "store", {SMOLLM2_ID: smollm2_dir, TINY_ID: tiny_model_dir,
+                                                  THINKING_ID: tiny_thinking_dir,
+                                                  OPENING_ID: tiny_opening_thinker_dir})
 
 
 @pytest.fixture(scope="session")
 def model_server(model_store: Path) -> Iterator[LiveServer]:
-    """A real server over SmolLM2 and the tiny model."""
+    """A real server over SmolLM2 and the tiny models."""
     server = start_server(model_store, model_store.parent / "model-server.log", "smollm2")
     yield server
     server.stop()

@@ -7,6 +7,8 @@ handlers' own (`ApiError`) or any of the engine's (`engine_error`), becomes a re
   (the seed's envelope, plus System One's own so clients written for either read the message)
 - Workers AI (Clef): {"result": null, "success": false, "errors": [{"code", "message"}], "messages": []}
   (Cloudflare's v4 envelope; `code` is Cloudflare's number for the kind of refusal)
+- Anthropic (/v1/messages and below): {"type": "error", "error": {"type", "message"}}
+  (Anthropic's envelope; `type` is Anthropic's name for the status, unless the refusal names its kind)
 """
 
 from __future__ import annotations
@@ -62,7 +64,21 @@ def cloudflare_code(err: ApiError) -> int:
     return CLOUDFLARE_INTERNAL if err.status >= 500 else CLOUDFLARE_BAD_INPUT
 
 
+# Anthropic's error type for each status it documents; other 4xx are invalid requests, other 5xx api_error.
+ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                         404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+                         503: "overloaded_error", 529: "overloaded_error"}
+
+
+def anthropic_error_type(err: ApiError) -> str:
+    if err.kind is not None:
+        return err.kind
+    return ANTHROPIC_ERROR_TYPES.get(err.status, "api_error" if err.status >= 500 else "invalid_request_error")
+
+
 def error_body(family: str, err: ApiError) -> dict[str, Any]:
+    if family == "anthropic":
+        return {"type": "error", "error": {"type": anthropic_error_type(err), "message": err.message}}
     if family == "workers_ai":
         return {"result": None, "success": False,
                 "errors": [{"code": cloudflare_code(err), "message": err.message}], "messages": []}

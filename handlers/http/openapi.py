@@ -16,7 +16,10 @@ import yaml
 from swama.generated.routes import OPERATIONS
 from swama.handlers.http.version import package_version
 
-SPEC_FILES = ("openai.yaml", "decisions.yaml", "systemone.yaml", "workers_ai.yaml", "tokenize.yaml")
+SPEC_FILES = ("openai.yaml", "decisions.yaml", "systemone.yaml", "workers_ai.yaml", "tokenize.yaml", "anthropic.yaml")
+# Anthropic's Messages API: /v1/messages and whatever lies under it (count_tokens, and the batches and
+# other routes not served here) answer in Anthropic's envelope.
+ANTHROPIC_PATH = "/v1/messages"
 
 
 @functools.cache
@@ -45,9 +48,11 @@ def family_for(path: str) -> str:
     """The route family whose error envelope answers `path` (for paths no route serves too)."""
     if path.startswith(("/client/v4/", "/accounts/")):
         return "workers_ai"  # Cloudflare's API space: its envelope, whatever the route
+    if path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/"):
+        return "anthropic"
     for op in OPERATIONS.values():
         if op.path == path:
-            return op.family if op.family in ("decisions", "systemone") else "openai"
+            return op.family if op.family in ("decisions", "systemone", "anthropic") else "openai"
     return "openai"
 
 

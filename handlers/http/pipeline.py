@@ -42,7 +42,7 @@ class Operation:
     operation_id: str
     method: str
     path: str
-    family: str  # "openai" | "decisions" | "systemone" | "workers_ai": picks the error envelope
+    family: str  # "openai" | "decisions" | "systemone" | "workers_ai" | "anthropic": picks the error envelope
     handler: str
     media_type: str | None
     request_model: type[pydantic.BaseModel] | None
@@ -51,7 +51,7 @@ class Operation:
 
     @property
     def error_family(self) -> str:
-        return self.family if self.family in ("decisions", "systemone", "workers_ai") else "openai"
+        return self.family if self.family in ("decisions", "systemone", "workers_ai", "anthropic") else "openai"
 
 
 def _malformed_json(error: StrictJSONError | None) -> ApiError:
@@ -149,6 +149,12 @@ def validate(model: type[pydantic.BaseModel], rules: RouteRules, data: Any) -> p
 def _check_key(op: Operation, request: Request, settings: ServerSettings) -> None:
     if not settings.api_key or request.headers.get("authorization", "") == f"Bearer {settings.api_key}":
         return
+    if op.family == "anthropic":
+        # Anthropic's clients send the key as x-api-key; a bearer token is taken as on every route.
+        if request.headers.get("x-api-key", "") == settings.api_key:
+            return
+        raise ApiError(401, "Missing or wrong API key: send 'x-api-key: <key>' or 'Authorization: Bearer <key>'.",
+                       code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}, kind="authentication_error")
     # System One names this error for what it is; the OpenAI API keeps invalid_request_error + a code.
     kind = "authentication_error" if op.family == "systemone" else None
     raise ApiError(401, "Missing or wrong API key: send 'Authorization: Bearer <key>'.",

@@ -13,7 +13,16 @@ import pydantic
 from fastapi import Response
 from fastapi.responses import StreamingResponse
 
-from swama.engine.client import Cancelled, ChatRequest, Finished, Logprobs, Task, TextDelta, ToolCallEvent
+from swama.engine.client import (
+    Cancelled,
+    ChatRequest,
+    Finished,
+    Logprobs,
+    ReasoningDelta,
+    Task,
+    TextDelta,
+    ToolCallEvent,
+)
 from swama.generated.openai_models import (
     ChatCompletionNamedToolChoice,
     ChatCompletionTool,
@@ -28,6 +37,7 @@ from swama.handlers.routes.chat_render import chunks, completion
 from swama.handlers.routes.chat_wording import CHAT_ROLES, RULES
 from swama.handlers.routes.turns import (
     OutputRules,
+    Thinking,
     Turn,
     attach_images,
     chat_request,
@@ -120,9 +130,13 @@ def request_from(request: CreateChatCompletionRequest, context_limit: int) -> tu
         presence_penalty=_value(request.presence_penalty), frequency_penalty=_value(request.frequency_penalty),
         seed=request.seed)
     turns = turns_from(request.messages)
+    effort = _value(_value(request.reasoning_effort))
+    kwargs = request.chat_template_kwargs
+    thinking = Thinking.from_effort(str(effort) if effort is not None else None,
+                                    kwargs.enable_thinking if kwargs is not None else None)
     chat = chat_request(turns, sampling=options, max_tokens=max_tokens, stop=stop,
                         tools=tools_from(request.tools), rules=output_rules(request),
-                        context_limit=request.context_limit or context_limit)
+                        context_limit=request.context_limit or context_limit, thinking=thinking)
     return chat, image_refs(turns)
 
 
@@ -160,10 +174,12 @@ async def create_chat_completion(call: Call, parsed: CreateChatCompletionRequest
         events = await start_stream(events)
         return StreamingResponse(chunks(events, ident, created, model), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
-    text, calls, done, logprobs = [], [], None, []
+    text, thought, calls, done, logprobs = [], [], [], None, []
     async for event in collect_or_cancel(call.request, events):
         if isinstance(event, TextDelta):
             text.append(event.text)
+        elif isinstance(event, ReasoningDelta):
+            thought.append(event.text)
         elif isinstance(event, Logprobs):
             logprobs += event.entries
         elif isinstance(event, ToolCallEvent):
@@ -173,4 +189,4 @@ async def create_chat_completion(call: Call, parsed: CreateChatCompletionRequest
     if done is None:
         raise Cancelled()
     return completion(ident, created, model, "".join(text), calls, done,
-                      logprobs if request.logprobs is not None else None)
+                      logprobs if request.logprobs is not None else None, "".join(thought) or None)

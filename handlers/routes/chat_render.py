@@ -10,6 +10,7 @@ from swama.engine.client import (
     EngineError,
     Finished,
     Logprobs,
+    ReasoningDelta,
     TextDelta,
     TokenLogprob,
     ToolCallEvent,
@@ -23,9 +24,11 @@ def _wire_call(index: int, call: Any) -> dict[str, Any]:
 
 
 def _usage(done: Finished) -> dict[str, Any]:
-    usage = {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
-             "total_tokens": done.prompt_tokens + done.completion_tokens,
-             "prompt_tokens_details": {"cached_tokens": done.cached_tokens}}
+    usage: dict[str, Any] = {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
+                             "total_tokens": done.prompt_tokens + done.completion_tokens,
+                             "prompt_tokens_details": {"cached_tokens": done.cached_tokens}}
+    if done.reasoning_tokens:
+        usage["completion_tokens_details"] = {"reasoning_tokens": done.reasoning_tokens}
     return with_draft_tokens(usage, done.draft_tokens)
 
 
@@ -35,9 +38,12 @@ def wire_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
 
 
 def completion(ident: str, created: int, model: str, text: str, calls: list[Any], done: Finished,
-               logprobs: list[TokenLogprob] | None = None) -> dict[str, Any]:
-    """The non-streaming chat.completion object (`logprobs` None: not asked for)."""
+               logprobs: list[TokenLogprob] | None = None, reasoning: str | None = None) -> dict[str, Any]:
+    """The non-streaming chat.completion object (`logprobs` None: not asked for; `reasoning`: the
+    thinking of a model that thinks, None for none)."""
     message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
     if calls:
         message["tool_calls"] = [_wire_call(i, c) for i, c in enumerate(calls)]
         for c in message["tool_calls"]:
@@ -66,6 +72,8 @@ async def chunks(events: AsyncIterator[Any], ident: str, created: int, model: st
                 pending.extend(event.entries)
             elif isinstance(event, TextDelta):
                 yield chunk({"content": event.text})
+            elif isinstance(event, ReasoningDelta):
+                yield chunk({"reasoning_content": event.text})
             elif isinstance(event, ToolCallEvent):
                 yield chunk({"tool_calls": [_wire_call(index, event.call)]})
                 index += 1

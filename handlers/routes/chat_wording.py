@@ -71,6 +71,6 @@ HANDLED = frozenset({
     "presence_penalty", "frequency_penalty", "seed", "stop", "tools", "tool_choice", "n", "logprobs", "top_logprobs",
     "modalities", "response_format", "top_k", "min_p", "repetition_penalty", "repetition_context_size",
     "context_limit", "stream_options", "parallel_tool_calls", "store", "user", "safety_identifier",
-    "prompt_cache_key", "metadata",
+    "prompt_cache_key", "metadata", "reasoning_effort", "chat_template_kwargs",
 })
 RULES = RouteRules(schema_error=schema_error, handled=HANDLED)

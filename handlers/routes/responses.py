@@ -39,6 +39,7 @@ from swama.handlers.routes.responses_render import (
 from swama.handlers.routes.responses_wording import ROUTE_RULES, check_nulls, malformed, unsupported
 from swama.handlers.routes.turns import (
     OutputRules,
+    Thinking,
     Turn,
     attach_images,
     chat_request,
@@ -107,6 +108,7 @@ def _turns(request: CreateResponse, images: list[ImageRef]) -> list[Turn]:
             turns.append(_call_turn(item))
         elif isinstance(item, ResponsesRequestFunctionCallOutputItem):
             turns.append(Turn("tool", [item.output], tool_call_id=item.call_id))
+        # Reasoning items of earlier turns are not shown to the model (see the overlay).
     return turns
 
 
@@ -145,9 +147,10 @@ def response_request(request: CreateResponse, *, context_limit: int) -> Response
     echoed = [] if rules.tool_choice == "none" else [_echoed_tool(t) for t in functions]
     options = sampling(temperature=request.temperature, top_p=request.top_p)
     max_tokens = None if request.max_output_tokens is None else int(request.max_output_tokens.root)
+    effort = request.reasoning.effort if request.reasoning is not None else None
     chat = chat_request(turns, sampling=options, context_limit=context_limit, rules=rules, params=(None, None),
                         tools=[function_tool(t.name, t.description, t.parameters) for t in functions],
-                        max_tokens=max_tokens)
+                        max_tokens=max_tokens, thinking=Thinking.from_effort(str(effort) if effort else None))
     choice = request.tool_choice
     return ResponseRequest(model=request.model, chat=chat, stream=request.stream,
                            instructions=request.instructions, tools=echoed,

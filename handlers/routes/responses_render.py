@@ -1,7 +1,7 @@
 """`POST /v1/responses` output: Response objects, output items and the typed SSE event sequence.
 
 Everything here is pure. `ResponseStream` turns the generator's events (`TextDelta`,
-`ToolCallEvent`, `Finished`) into `(event_type, payload)` pairs; `final_response` runs the same
+`ReasoningDelta`, `ToolCallEvent`, `Finished`) into `(event_type, payload)` pairs; `final_response` runs the same
 machine and keeps only the terminal Response object, so streaming and non-streaming agree.
 Fields the pinned schema requires but marks nullable are always present, as explicit nulls.
 """
@@ -19,6 +19,7 @@ from swama.engine.client import (
     Event,
     Finished,
     Logprobs,
+    ReasoningDelta,
     TextDelta,
     TokenLogprob,
     ToolCall,
@@ -70,6 +71,15 @@ def message_stub(item_id: str) -> dict[str, Any]:
     return {"id": item_id, "type": "message", "role": "assistant", "status": "in_progress", "content": []}
 
 
+def summary_part(text: str) -> dict[str, Any]:
+    return {"type": "summary_text", "text": text}
+
+
+def reasoning_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+    """A model's thinking: the whole text as its summary (a local model's thinking is not hidden)."""
+    return {"id": item_id, "type": "reasoning", "summary": [summary_part(text)] if text else [], "status": status}
+
+
 def function_call_item(item_id: str, call: ToolCall, status: str = "completed") -> dict[str, Any]:
     return {"id": item_id, "type": "function_call", "call_id": call.id or item_id, "name": call.name,
             "arguments": sorted_arguments(call.arguments), "status": status}
@@ -80,12 +90,12 @@ def function_call_stub(item_id: str, call: ToolCall) -> dict[str, Any]:
 
 
 def usage_payload(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
-                  draft_tokens: int = 0) -> dict[str, Any]:
-    # cached_tokens: prompt tokens resumed from the prompt cache; no reasoning accounting exists locally.
+                  draft_tokens: int = 0, reasoning_tokens: int = 0) -> dict[str, Any]:
+    # cached_tokens: prompt tokens resumed from the prompt cache; reasoning_tokens: the thinking's.
     return with_draft_tokens({"input_tokens": prompt_tokens, "output_tokens": completion_tokens,
                               "total_tokens": prompt_tokens + completion_tokens,
                               "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
-                              "output_tokens_details": {"reasoning_tokens": 0}}, draft_tokens)
+                              "output_tokens_details": {"reasoning_tokens": reasoning_tokens}}, draft_tokens)
 
 
 def response_object(req: ResponseRequest, *, id: str, created_at: int, status: str, output: list[dict[str, Any]],
@@ -118,6 +128,7 @@ class _Slot:
     item_id: str
     index: int
     call: ToolCall | None = None
+    reasoning: str | None = None  # a reasoning item's whole text, once it is closed
 
 
 class ResponseStream:
@@ -138,6 +149,8 @@ class ResponseStream:
         self._slots: list[_Slot] = []
         self._text_slot: _Slot | None = None
         self._text: list[str] = []
+        self._thinking_slot: _Slot | None = None  # the reasoning item still receiving text
+        self._thought: list[str] = []
         self._logprobs: list[TokenLogprob] = []  # every text token's, in order
         self._pending = 0  # how many of them wait for the text delta they belong to
         self._terminated = False
@@ -172,12 +185,14 @@ class ResponseStream:
             self._logprobs += event.entries
             self._pending += len(event.entries)
             return []
+        if isinstance(event, ReasoningDelta):
+            return self._reasoning_delta(event.text)
         if isinstance(event, TextDelta):
-            return self._text_delta(event.text)
+            return self._close_reasoning() + self._text_delta(event.text)
         if isinstance(event, ToolCallEvent):
-            return self._tool_call(event.call)
+            return self._close_reasoning() + self._tool_call(event.call)
         if isinstance(event, Finished):
-            return self._finish(event)
+            return self._close_reasoning() + self._finish(event)
         raise TypeError(f"not a generator event: {event!r}")
 
     def failed(self, message: str) -> list[Frame]:
@@ -193,6 +208,37 @@ class ResponseStream:
         yield from self.start()
         for event in events:
             yield from self.feed(event)
+
+    def _reasoning_delta(self, text: str) -> list[Frame]:
+        frames = []
+        if self._thinking_slot is None:
+            slot = self._thinking_slot = self._allocate("rs")
+            self._thought = []
+            frames += [
+                self._frame("response.output_item.added", output_index=slot.index,
+                            item=reasoning_item(slot.item_id, "", "in_progress")),
+                self._frame("response.reasoning_summary_part.added", item_id=slot.item_id, output_index=slot.index,
+                            summary_index=0, part=summary_part("")),
+            ]
+        self._thought.append(text)
+        slot = self._thinking_slot
+        frames.append(self._frame("response.reasoning_summary_text.delta", item_id=slot.item_id,
+                                  output_index=slot.index, summary_index=0, delta=text))
+        return frames
+
+    def _close_reasoning(self) -> list[Frame]:
+        """The reasoning item's closing events, once something other than thinking arrives."""
+        slot, self._thinking_slot = self._thinking_slot, None
+        if slot is None:
+            return []
+        slot.reasoning = text = "".join(self._thought)
+        return [
+            self._frame("response.reasoning_summary_text.done", item_id=slot.item_id, output_index=slot.index,
+                        summary_index=0, text=text),
+            self._frame("response.reasoning_summary_part.done", item_id=slot.item_id, output_index=slot.index,
+                        summary_index=0, part=summary_part(text)),
+            self._frame("response.output_item.done", output_index=slot.index, item=reasoning_item(slot.item_id, text)),
+        ]
 
     def _text_delta(self, text: str) -> list[Frame]:
         frames = []
@@ -228,6 +274,8 @@ class ResponseStream:
     def _item(self, slot: _Slot, text_status: str) -> dict[str, Any]:
         if slot.call is not None:
             return function_call_item(slot.item_id, slot.call)
+        if slot.reasoning is not None:
+            return reasoning_item(slot.item_id, slot.reasoning)
         return message_item(slot.item_id, "".join(self._text), text_status, self._logprobs)
 
     def _finish(self, done: Finished) -> list[Frame]:
@@ -248,7 +296,7 @@ class ResponseStream:
         self._terminated = True
         self.response = self._object(status, [self._item(s, status) for s in self._slots],
                                      usage_payload(done.prompt_tokens, done.completion_tokens, done.cached_tokens,
-                                                   done.draft_tokens),
+                                                   done.draft_tokens, done.reasoning_tokens),
                                      incomplete_reason="max_output_tokens" if incomplete else None)
         frames.append(self._frame(f"response.{status}", response=self.response))
         return frames

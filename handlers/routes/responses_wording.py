@@ -64,10 +64,10 @@ def not_object(_: Any) -> ApiError:
 
 # -- schema errors, in the route's check order -----------------------------------------------------
 
-MESSAGE, CALL, OUTPUT = "message", "function_call", "function_call_output"
+MESSAGE, CALL, OUTPUT, REASONING = "message", "function_call", "function_call_output", "reasoning"
 # Input items have no discriminator (`type` defaults to message): pydantic tries each member by class.
 ITEM_MEMBERS = {"ResponsesRequestMessageItem": MESSAGE, "ResponsesRequestFunctionCallItem": CALL,
-                "ResponsesRequestFunctionCallOutputItem": OUTPUT}
+                "ResponsesRequestFunctionCallOutputItem": OUTPUT, "ResponsesRequestReasoningItem": REASONING}
 # Discriminator tags of content parts and tools, named by the rules below.
 TAG_MEMBERS = {"input_text": "text", "output_text": "text", "text": "text", "input_image": "input_image",
                "function": "function", "web_search": "web_search", "json_object": "json_object",
@@ -94,7 +94,7 @@ class Fault:
 
     @property
     def item(self) -> str | None:
-        return self.members[0] if self.members and self.members[0] in (MESSAGE, CALL, OUTPUT) else None
+        return self.members[0] if self.members and self.members[0] in (MESSAGE, CALL, OUTPUT, REASONING) else None
 
     @property
     def indices(self) -> tuple[int, ...]:
@@ -184,6 +184,8 @@ def _integer_range(fault: Fault) -> ApiError:
 
 
 EXTRA = frozenset({"extra_forbidden"})
+NOT_NULL = frozenset({"string_type", "list_type", "dict_type", "model_type", "model_attributes_type", "missing",
+                      "literal_error", "enum", "extra_forbidden"})
 RANGE = frozenset({"greater_than_equal", "less_than_equal"})
 
 
@@ -215,6 +217,8 @@ def _envelope_rules() -> list[Rule]:
         Rule(3, "reasoning.?", EXTRA, _key("reasoning")),
         Rule(3, "reasoning.summary", ALL, _typed(str, malformed("`reasoning.summary` must be a JSON string"),
                                                  _const(unsupported("reasoning.summary")))),
+        Rule(3, "reasoning.effort", ALL, _typed(str, malformed("`reasoning.effort` must be a JSON string"),
+                                                _const(unsupported("reasoning.effort")))),
         Rule(3, "include", WRONG_TYPE, _const(malformed("`include` must be a JSON array"))),
         Rule(3, "include.*", ALL, _const(unsupported("include"))),
         Rule(4, "text", WRONG_TYPE, _const(malformed("`text` must be a JSON object"))),
@@ -274,6 +278,16 @@ def _input_rules() -> list[Rule]:
         Rule(8, "input.*.call_id", ALL, _const(malformed("function_call_output item requires `call_id`")), OUTPUT),
         Rule(8, "input.*.output", ALL, _const(malformed("function_call_output item requires a string `output`")),
              OUTPUT),
+        Rule(8, "input.*.?", EXTRA, _key("reasoning item"), REASONING),
+        *_metadata("reasoning item", REASONING, 8),
+        *(Rule(8, pattern, ALL, _const(malformed("reasoning item `summary` must be an array of summary_text parts")),
+               REASONING) for pattern in ("input.*.summary", "input.*.summary.*", "input.*.summary.*.?")),
+        # content and encrypted_content may be null (an explicit null is not refused)
+        *(Rule(8, pattern, NOT_NULL, _const(malformed("reasoning item `content` must be an array of reasoning_text "
+                                                      "parts")), REASONING)
+          for pattern in ("input.*.content", "input.*.content.*", "input.*.content.*.?")),
+        Rule(8, "input.*.encrypted_content", NOT_NULL,
+             _const(malformed("reasoning item `encrypted_content` must be a JSON string")), REASONING),
     ]
 
 

@@ -19,6 +19,7 @@ from swama.engine.client import (
     TokenLogprob,
     ToolSpec,
     TopLogprob,
+    effort,
 )
 from swama.handlers.http.errors import bad_request
 from swama.handlers.media.images import ImageRef, load_images, open_images
@@ -35,6 +36,7 @@ class Turn:
     parts: list[str | ImageRef] = field(default_factory=list)
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     tool_call_id: str | None = None
+    reasoning: str | None = None  # an assistant turn's thinking, for templates that show it again
 
     def content(self) -> str | list[dict[str, Any]]:
         if not any(isinstance(p, ImageRef) for p in self.parts):
@@ -47,6 +49,8 @@ class Turn:
             msg["tool_calls"] = self.tool_calls
         if self.tool_call_id is not None:
             msg["tool_call_id"] = self.tool_call_id
+        if self.reasoning is not None:
+            msg["reasoning_content"] = self.reasoning
         return msg
 
 
@@ -160,10 +164,27 @@ class OutputRules:
         return None
 
 
+@dataclass(frozen=True)
+class Thinking:
+    """How a request asks a model that thinks to think: the template's switch (None: its default)
+    and a budget of thinking tokens (None: up to max_tokens). Models that do not think ignore it."""
+
+    switch: bool | None = None
+    budget: int | None = None
+
+    @classmethod
+    def from_effort(cls, name: str | None, switch: bool | None = None) -> Thinking:
+        """An OpenAI effort name (engine EFFORT_BUDGETS); an explicit switch wins over the effort's."""
+        on, budget = effort(name)
+        on = switch if switch is not None else on
+        return cls(on, budget if on is not False else None)
+
+
 def chat_request(turns: list[Turn], *, sampling: Sampling, context_limit: int,
                  tools: list[dict[str, Any]] | None = None, rules: OutputRules | None = None,
                  params: tuple[str | None, str | None] = ("response_format", "tool_choice"),
-                 max_tokens: int | None = None, stop: list[str] | None = None) -> ChatRequest:
+                 max_tokens: int | None = None, stop: list[str] | None = None,
+                 thinking: Thinking = Thinking(), continue_final: bool = False) -> ChatRequest:
     """`tool_choice` "none" is enforced by never offering the tools to the model; the other rules
     become the engine's constraint (`params`: the fields its refusals name). Image parts stay placeholders: the route loads them
     (`attach_images`) once it knows the model takes images."""
@@ -172,7 +193,8 @@ def chat_request(turns: list[Turn], *, sampling: Sampling, context_limit: int,
     return ChatRequest(messages=[t.message() for t in merge_adjacent_system(turns)], sampling=sampling,
                        max_tokens=max_tokens, stop=list(stop or []), tools=offered, context_limit=context_limit,
                        constraint=rules.constraint(offered or [], *params), logprobs=rules.logprobs,
-                       parallel_tool_calls=rules.parallel)
+                       parallel_tool_calls=rules.parallel, thinking=thinking.switch,
+                       thinking_budget=thinking.budget, continue_final=continue_final)
 
 
 async def attach_images(engine: EngineClient, request: ChatRequest, refs: list[ImageRef],

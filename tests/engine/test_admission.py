@@ -135,6 +135,10 @@ def test_an_overflowing_queue_answers_429_on_every_route_and_recovers(server: Li
             "model": TINY_ID, "state": "x", "questions": {"q": {"type": "noul", "instructions": "Is it?"}}})
         assert so.status_code == 429 and so.headers["retry-after"] == "1"
         assert so.json()["error"]["message"].startswith("Too many requests: server at capacity")
+        messages = httpx.post(server.v1 + "/messages", json={"model": TINY_ID, "max_tokens": 2, "stream": True,
+                                                             "messages": [{"role": "user", "content": "hi"}]})
+        assert messages.status_code == 429 and messages.headers["retry-after"] == "1"
+        assert messages.json()["error"]["type"] == "rate_limit_error"
         assert not holder.done() and holder.result().status_code == 200
     assert httpx.post(server.v1 + "/chat/completions", json=short, timeout=60).status_code == 200
 

@@ -101,6 +101,14 @@ def test_a_model_larger_than_the_limit_gets_a_clear_503(small_server: LiveServer
     assert "of the --memory-limit" in message and "use a smaller (quantized) model" in message
 
 
+def test_the_messages_route_calls_it_overloaded(small_server: LiveServer) -> None:
+    r = httpx.post(small_server.v1 + "/messages", timeout=60, json={
+        "model": TINY_ID, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+    assert r.json()["type"] == "error" and r.json()["error"]["type"] == "overloaded_error"
+    assert r.json()["error"]["message"].startswith(f"Not enough memory to load model '{TINY_ID}'")
+
+
 @pytest.mark.parametrize(("args", "env", "flag"), [(["--batch-rows", "0"], {}, "--batch-rows"),
                                                    ([], {"SWAMA_PREFILL_STEP": "0"}, "--prefill-step"),
                                                    (["--memory-limit", "-5"], {}, "--memory-limit")])

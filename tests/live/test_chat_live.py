@@ -22,7 +22,7 @@ def client(model_server: LiveServer) -> openai.OpenAI:
 
 def test_models_lists_installed_with_sizes(client: openai.OpenAI) -> None:
     models = {m.id: m for m in client.models.list().data}
-    assert set(models) == {"HuggingFaceTB/SmolLM2-135M-Instruct", "test/tiny-qwen3"}
+    assert set(models) == {"HuggingFaceTB/SmolLM2-135M-Instruct", "test/tiny-qwen3", "test/tiny-qwen3-thinking", "test/tiny-opening-thinker"}
     assert models["HuggingFaceTB/SmolLM2-135M-Instruct"].model_extra["size_in_bytes"] > 200_000_000
 
 

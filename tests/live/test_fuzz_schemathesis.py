@@ -55,11 +55,12 @@ def test_api(case, empty_server: LiveServer) -> None:
 
 
 # One Clef operation stands for the four: they share the handler, and the two cards' schemas are equal.
-model_routes = schema.include(path_regex=r"^(/v1/(decisions|systemone|chat/completions|responses)"
+model_routes = schema.include(path_regex=r"^(/v1/(decisions|systemone|chat/completions|responses|messages"
+                                         r"|messages/count_tokens)"
                                          r"|/client/v4/accounts/\{account_id\}/ai/run/@cf/cloudflare/clef)$")
 
 
-def _on_the_tiny_model(body: Any) -> None:
+def _on_the_tiny_model(body: Any, path: str) -> None:
     """Point a generated body at the installed tiny model, and keep generations short: the contract
     is about what is accepted, not about how long a random-weight model may talk."""
     if not isinstance(body, dict):
@@ -71,7 +72,7 @@ def _on_the_tiny_model(body: Any) -> None:
             body[key] = min(body[key], 4)  # an integral float stays a number the schema takes
         elif key in body and body[key] is None:
             body[key] = 4  # null means "no limit": a random model would talk to the end of its context
-    if "max_tokens" not in body and "messages" in body:
+    if "max_tokens" not in body and "messages" in body and path == "/v1/chat/completions":
         body["max_completion_tokens"] = min(body.get("max_completion_tokens") or 4, 4)
     if "max_output_tokens" not in body and "input" in body and "questions" not in body:
         body["max_output_tokens"] = 4
@@ -83,7 +84,7 @@ def test_model_routes_on_a_real_model(case, model_server: LiveServer) -> None:
     """The same contract with a model installed, so schema-valid requests reach the engine and must
     be answered (positive data accepted), not refused by a rule the document does not state."""
     if case.meta is not None and case.meta.generation.mode.is_positive:
-        _on_the_tiny_model(case.body)  # negative cases stay as generated, so they stay invalid
+        _on_the_tiny_model(case.body, case.operation.path)  # negative cases stay as generated: still invalid
     _validate(case, model_server, 120)
 
 

@@ -18,7 +18,7 @@ TINY = "test/tiny-qwen3"
 def test_openai_sdk_lists_installed_models(model_server: LiveServer) -> None:
     client = openai.OpenAI(base_url=model_server.v1, api_key="local", max_retries=0)
     models = {m.id: m for m in client.models.list().data}
-    assert set(models) == {SMOL, TINY}
+    assert set(models) == {SMOL, TINY, "test/tiny-qwen3-thinking", "test/tiny-opening-thinker"}
     assert all(m.object == "model" and m.owned_by == "swama" for m in models.values())
     assert {m.model_extra["kind"] for m in models.values()} == {"language"}
 
@@ -29,7 +29,7 @@ def test_typesafe_sdk_lists_the_catalog(model_server: LiveServer) -> None:
         catalog = ts.models.list().models
     names = [m.name for m in catalog]
     # The server was started with smollm2, so System One's default name leads the list and means it.
-    assert names == ["jev-latest", SMOL, TINY]
+    assert names == ["jev-latest", SMOL, TINY, "test/tiny-qwen3-thinking", "test/tiny-opening-thinker"]
     assert SMOL in catalog[0].description
     for entry in catalog:
         dt.date.fromisoformat(entry.release_date)

@@ -7,6 +7,7 @@ from typing import Any
 import pydantic
 import pytest
 
+from swama.generated import anthropic_models as am
 from swama.generated import decisions_models as dm
 from swama.generated import openai_models as om
 from swama.generated import systemone_models as sm
@@ -15,6 +16,12 @@ DECISION = {"model": "m", "input": "x", "questions": [{"type": "predicate", "ins
 CHOICE = {"type": "choice", "instructions": "i", "choices": [{"value": "a"}, {"value": True}]}
 SYSTEMONE = {"model": "m", "state": "x", "questions": {"q": {"type": "noul", "instructions": "i"}}}
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+MESSAGE = {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+PNG = {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}
+
+
+def blocks(*content: dict[str, Any], role: str = "user") -> list[dict[str, Any]]:
+    return [{"role": role, "content": list(content)}]
 
 
 def merged(base: dict[str, Any], **changes: Any) -> dict[str, Any]:
@@ -55,6 +62,22 @@ REFUSED = [
     (om.CreateResponse, {"model": "m", "input": "x", "tools": [{"type": "web_search_2025_08_26"}]}),
     (om.CreateResponse, {"model": "m", "input": "x", "previous_response_id": "resp_1"}),
     (om.CreateEmbeddingRequest, {"model": "m", "input": {"text": "x"}}),
+    # Anthropic Messages: strict at every level, narrowed to the blocks and tools served.
+    (am.AnthropicMessageCreateParams, merged(MESSAGE, unknown=1)),
+    (am.AnthropicMessageCreateParams, {"model": "m", "messages": MESSAGE["messages"]}),  # max_tokens required
+    (am.AnthropicMessageCreateParams, merged(MESSAGE, stream="true")),
+    (am.AnthropicMessageCreateParams, merged(MESSAGE, temperature=1.5)),
+    (am.AnthropicMessageCreateParams, merged(MESSAGE, messages=[{"role": "system", "content": "x"}])),
+    (am.AnthropicMessageCreateParams, merged(MESSAGE, messages=blocks(
+        {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}}))),
+    (am.AnthropicMessageCreateParams, merged(MESSAGE, messages=blocks(
+        {"type": "image", "source": {"type": "file", "file_id": "file_1"}}))),
+    (am.AnthropicMessageCreateParams, merged(MESSAGE, messages=blocks(
+        {"type": "text", "text": "x", "citations": [{"type": "char_location", "cited_text": "x"}]}))),
+    (am.AnthropicMessageCreateParams, merged(MESSAGE, messages=blocks({"type": "text", "text": "x", "extra": 1}))),
+    (am.AnthropicMessageCreateParams, merged(MESSAGE, tools=[{"type": "web_search_20250305", "name": "web_search"}])),
+    (am.AnthropicMessageCreateParams, merged(MESSAGE, tool_choice={"type": "required"})),
+    (am.AnthropicMessageCountTokensParams, merged(MESSAGE)),  # no max_tokens on count_tokens
 ]
 
 ACCEPTED = [
@@ -70,6 +93,23 @@ ACCEPTED = [
     (om.CreateChatCompletionRequest, merged(CHAT, temperature=1, stop=None, max_tokens=5)),
     (om.CreateResponse, {"model": "m", "input": "x", "tools": [{"type": "web_search",
                                                                 "external_web_access": False}]}),
+    (am.AnthropicMessageCreateParams, merged(MESSAGE, stream=True, temperature=0.5, top_p=1, top_k=40)),
+    (am.AnthropicMessageCreateParams, merged(
+        MESSAGE, system=[{"type": "text", "text": "s", "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
+        messages=[
+            *blocks({"type": "text", "text": "look", "citations": None},
+                    {"type": "image", "source": PNG}, {"type": "image", "source": {"type": "url", "url": "https://x"}}),
+            *blocks({"type": "thinking", "thinking": "t", "signature": "s"}, {"type": "redacted_thinking", "data": "d"},
+                    {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"a": 1}}, role="assistant"),
+            *blocks({"type": "tool_result", "tool_use_id": "toolu_1", "is_error": False,
+                     "content": [{"type": "text", "text": "r"}, {"type": "image", "source": PNG}]}),
+        ],
+        tools=[{"name": "f", "description": "d", "input_schema": {"type": "object", "properties": {}},
+                "type": "custom", "strict": True}],
+        tool_choice={"type": "tool", "name": "f", "disable_parallel_tool_use": True},
+        thinking={"type": "enabled", "budget_tokens": 1024}, metadata={"user_id": "u"}, stop_sequences=["x"])),
+    (am.AnthropicMessageCountTokensParams, {"model": "m", "messages": MESSAGE["messages"], "system": "s",
+                                            "thinking": {"type": "adaptive"}, "tool_choice": {"type": "none"}}),
 ]
 
 
@@ -95,3 +135,14 @@ def test_nullable_response_fields_accept_null() -> None:
     om.CreateChatCompletionStreamResponse.model_validate({
         "id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
         "choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": None}]})
+
+
+def test_anthropic_answers_and_errors_parse() -> None:
+    message = {"id": "msg_1", "type": "message", "role": "assistant", "model": "m", "stop_reason": "tool_use",
+               "stop_sequence": None, "usage": {"input_tokens": 3, "output_tokens": 4},
+               "content": [{"type": "thinking", "thinking": "t", "signature": "s"}, {"type": "text", "text": "x"},
+                           {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}]}
+    am.AnthropicMessage.model_validate(message)
+    with pytest.raises(pydantic.ValidationError):
+        am.AnthropicMessage.model_validate({**message, "extra": 1})
+    am.AnthropicErrorResponse.model_validate({"type": "error", "error": {"type": "request_too_large", "message": "m"}})

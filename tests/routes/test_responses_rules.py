@@ -136,13 +136,11 @@ REJECTED: list[tuple[str, Any, tuple[str, str]]] = [
     ("client_metadata null", body(client_metadata=None), malformed("`client_metadata` must be a JSON object")),
     ("prompt_cache_key number", body(prompt_cache_key=5), malformed("`prompt_cache_key` must be a JSON string")),
     ("reasoning string", body(reasoning="auto"), malformed("`reasoning` must be a JSON object")),
-    ("reasoning effort", body(reasoning={"effort": "low"}), unsupported("reasoning `effort`")),
-    ("reasoning effort with auto summary", body(reasoning={"summary": "auto", "effort": "high"}),
-     unsupported("reasoning `effort`")),
+    ("reasoning effort unknown", body(reasoning={"effort": "huge"}), unsupported("reasoning.effort")),
+    ("reasoning effort number", body(reasoning={"effort": 3}), malformed("`reasoning.effort` must be a JSON string")),
     ("reasoning generate_summary", body(reasoning={"generate_summary": "auto"}),
      unsupported("reasoning `generate_summary`")),
-    ("reasoning summary detailed", body(reasoning={"summary": "detailed"}), unsupported("reasoning.summary")),
-    ("reasoning summary concise", body(reasoning={"summary": "concise"}), unsupported("reasoning.summary")),
+    ("reasoning summary brief", body(reasoning={"summary": "brief"}), unsupported("reasoning.summary")),
     ("reasoning summary null", body(reasoning={"summary": None}),
      malformed("`reasoning.summary` must be a JSON string")),
     ("include string", body(include="reasoning.encrypted_content"), malformed("`include` must be a JSON array")),
@@ -195,7 +193,10 @@ REJECTED: list[tuple[str, Any, tuple[str, str]]] = [
     ("input item type not a string", items({"type": 5, "content": "x"}),
      malformed("input item `type` must be a JSON string")),
     *[(f"input item {kind}", items({"type": kind, "id": "x"}), unsupported(f"input item type `{kind}`"))
-      for kind in ("reasoning", "item_reference", "web_search_call", "custom_tool_call", "compaction")],
+      for kind in ("item_reference", "web_search_call", "custom_tool_call", "compaction")],
+    ("reasoning item extra key", items({"type": "reasoning", "foo": 1}), unsupported("reasoning item `foo`")),
+    ("reasoning item summary", items({"type": "reasoning", "summary": "x"}),
+     malformed("reasoning item `summary` must be an array of summary_text parts")),
     # message items
     ("message extra key", items(msg(name="bob")), unsupported("message item `name`")),
     ("message id empty", items(msg(id="")), malformed("message item `id` must not be empty")),
@@ -383,12 +384,12 @@ ORDERED_FAULTS: list[tuple[dict[str, Any], tuple[str, str]]] = [
     ({"metadata": {}}, unsupported("metadata")),
     ({"store": True}, unsupported("store:true")),
     ({"parallel_tool_calls": 1}, malformed("`parallel_tool_calls` must be a JSON boolean")),
-    ({"reasoning": {"effort": "high"}}, unsupported("reasoning `effort`")),
+    ({"reasoning": {"effort": "high", "mode": "x"}}, unsupported("reasoning `mode`")),
     ({"text": {"format": {"type": "xml"}}}, unsupported("text.format")),
     ({"truncation": "auto"}, unsupported("truncation:auto")),
     ({"instructions": 5}, malformed("`instructions` must be a JSON string")),
     ({"tool_choice": "any"}, tool_choice("any")),
-    ({"input": [{"type": "reasoning"}]}, unsupported("input item type `reasoning`")),
+    ({"input": [{"type": "compaction"}]}, unsupported("input item type `compaction`")),
     ({"temperature": "hot"}, malformed("`temperature` must be a JSON number")),
     ({"tools": [{"type": "namespace"}]}, tool_type("namespace")),
     ({"stream": "yes"}, malformed("`stream` must be a JSON boolean")),
@@ -415,7 +416,7 @@ def test_order_within_envelope_and_sampling() -> None:
 
 
 def test_input_items_are_checked_in_order() -> None:
-    err = refusal(items(msg(role="critic"), {"type": "reasoning"}))
+    err = refusal(items(msg(role="critic"), {"type": "compaction"}))
     assert err.message == "Malformed request: unsupported role `critic`"
 
 
@@ -490,6 +491,11 @@ ACCEPTED: list[tuple[str, dict[str, Any]]] = [
     ("prompt_cache_key", body(prompt_cache_key="0b6f6c2e-6c39-4c1c-9d2b-8c7a6e1f2d3c")),
     ("reasoning empty", body(reasoning={})),
     ("reasoning summary auto", body(reasoning={"summary": "auto"})),
+    ("reasoning summary detailed", body(reasoning={"summary": "detailed"})),
+    ("reasoning effort low", body(reasoning={"effort": "low"})),
+    ("reasoning effort with auto summary", body(reasoning={"summary": "auto", "effort": "high"})),
+    ("reasoning item back", items({"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "t"}],
+                                   "encrypted_content": None})),
     ("include empty", body(include=[])),
     ("include encrypted_content", body(include=["reasoning.encrypted_content"])),
     ("include encrypted_content twice", body(include=["reasoning.encrypted_content"] * 2)),
@@ -726,7 +732,7 @@ def test_codex_request_with_namespace_tool_is_refused() -> None:
 
 
 @pytest.mark.parametrize("change,expected", [
-    ({"reasoning": {"summary": "auto", "effort": "medium"}}, unsupported("reasoning `effort`")),
+    ({"reasoning": {"summary": "auto", "effort": "medium", "context": "auto"}}, unsupported("reasoning `context`")),
     ({"include": ["reasoning.encrypted_content", "message.input_image.image_url"]}, unsupported("include")),
     ({"store": True}, unsupported("store:true")),
     ({"prompt_cache_key": None}, malformed("`prompt_cache_key` must be a JSON string")),

@@ -70,7 +70,7 @@ def test_bump_prints_the_schema_diff(bumped: tuple[Path, Path, str]) -> None:
     assert "~ schema DecisionCreateRequest" in out
     assert f"+ {NEW_FIELD}: string | null" in out
     assert f"- {REMOVED_FIELD}:" in out
-    for name in ("openai.yaml", "systemone.yaml", "workers_ai.yaml"):
+    for name in ("openai.yaml", "systemone.yaml", "workers_ai.yaml", "anthropic.yaml"):
         assert f"== {name}: no schema changes" in out
     for overlay in sorted((specs.SPECS / "overlays").glob("*.yaml")):
         if overlay.name == "decisions.yaml":
@@ -81,7 +81,7 @@ def test_bump_records_the_new_pin(bumped: tuple[Path, Path, str]) -> None:
     trial_specs, _, _ = bumped
     old = {p["document"]: p for p in json.loads((specs.SPECS / "pins.json").read_text())}
     new = {p["document"]: p for p in json.loads((trial_specs / "pins.json").read_text())}
-    for name in ("openai.yaml", "systemone.yaml", "workers_ai.yaml"):
+    for name in ("openai.yaml", "systemone.yaml", "workers_ai.yaml", "anthropic.yaml"):
         assert new[name] == old[name]
     assert new["decisions.yaml"]["upstream_sha256"] != old["decisions.yaml"]["upstream_sha256"]
     assert new["decisions.yaml"]["sha256"] != old["decisions.yaml"]["sha256"]

@@ -21,6 +21,7 @@ SERVED = {
     *(f"POST {prefix}/accounts/{{account_id}}/ai/run/@cf/cloudflare/{model}"
       for prefix in ("/client/v4", "") for model in ("clef", "clef-flash")),
     "POST /tokenize", "POST /detokenize",
+    "POST /v1/messages", "POST /v1/messages/count_tokens",
 }
 
 
@@ -67,7 +68,9 @@ def test_pinned_specs_carry_no_upstream_prose() -> None:
         text = (SPECS / name).read_text()
         assert "x-oaiMeta" not in text and "x-stainless" not in text
         doc = yaml.safe_load(text)
-        # Stripping again changes nothing but our own response-status descriptions.
+        # Stripping again changes nothing but our own descriptions: of response statuses, and of the
+        # extensions an overlay adds (x-swama-extension).
+        _drop_extension_descriptions(doc)
         stripped = spec_extract.strip_prose(doc)
         for item in doc["paths"].values():
             for op in item.values():
@@ -79,6 +82,17 @@ def test_pinned_specs_carry_no_upstream_prose() -> None:
                 for response in op["responses"].values():
                     response.pop("description", None)
         assert stripped == doc
+
+
+def _drop_extension_descriptions(node: object) -> None:
+    if isinstance(node, dict):
+        if "x-swama-extension" in node:
+            node.pop("description", None)
+        for value in node.values():
+            _drop_extension_descriptions(value)
+    elif isinstance(node, list):
+        for value in node:
+            _drop_extension_descriptions(value)
 
 
 def test_systemone_extensions_are_marked() -> None:
@@ -108,6 +122,60 @@ def test_workers_ai_document_comes_from_both_cards() -> None:
         envelope = schemas[f"WorkersAi{card}Response"]
         assert envelope["required"] == ["result", "success", "errors", "messages"]
     assert schemas["WorkersAiErrorResponse"]["properties"]["result"] == {"type": "null"}
+
+
+def test_anthropic_document_is_the_pinned_sdk_s(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Built from the installed anthropic SDK, which must be the pinned version: rebuilding it gives the
+    pinned text and pin, whose upstream digest is the SDK's type modules'."""
+    from tools.spec import anthropic_sdk
+
+    pins = {p["document"]: p for p in json.loads((SPECS / "pins.json").read_text())}
+    assert pins["anthropic.yaml"]["upstream_commit"] == anthropic_sdk.PINNED_VERSION == "2.10.0"
+    assert pins["anthropic.yaml"]["upstream_sha256"] == anthropic_sdk.types_sha256()
+    trial = tmp_path / "specs"
+    shutil.copytree(SPECS, trial, ignore=shutil.ignore_patterns("__pycache__"))
+    rebuilt = {p["document"]: p for p in spec_extract.extract_all(trial, anthropic=True)}
+    assert "overlays/anthropic.yaml" not in capsys.readouterr().out  # every overlay action found its target
+    assert (trial / "anthropic.yaml").read_text() == (SPECS / "anthropic.yaml").read_text()
+    assert rebuilt["anthropic.yaml"] == pins["anthropic.yaml"]
+
+
+def test_anthropic_extraction_refuses_another_sdk_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import anthropic
+
+    from tools.spec import anthropic_sdk
+    from tools.spec import commands as specs
+
+    trial = tmp_path / "specs"
+    shutil.copytree(SPECS, trial, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(anthropic, "__version__", "2.9.0")
+    with pytest.raises(anthropic_sdk.SdkMismatch, match=r"pip install anthropic==2\.10\.0"):
+        spec_extract.extract_all(trial, anthropic=True)
+    with pytest.raises(SystemExit, match=r"pip install anthropic==2\.10\.0"):
+        specs.main(["--specs-dir", str(trial), "extract", "--anthropic"])
+    for name in ("pins.json", "anthropic.yaml", "tokenize.yaml"):  # refused before anything is written
+        assert (trial / name).read_text() == (SPECS / name).read_text()
+
+
+def test_anthropic_document_narrowed_and_extended() -> None:
+    doc = yaml.safe_load((SPECS / "anthropic.yaml").read_text())
+    schemas = doc["components"]["schemas"]
+    assert all(name.startswith("Anthropic") for name in schemas)
+    create = schemas["AnthropicMessageCreateParams"]
+    assert create["additionalProperties"] is False and create["required"] == ["max_tokens", "messages", "model"]
+    assert create["properties"]["stream"] == {"type": "boolean"}
+    for name in ("temperature", "top_p", "top_k"):
+        assert create["properties"][name]["x-swama-extension"] == "anthropic"
+    blocks = schemas["AnthropicContentBlockParam"]["discriminator"]["mapping"]
+    assert set(blocks) == {"text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking"}
+    ops = {op["operationId"]: op for item in doc["paths"].values() for op in item.values()}
+    assert ops["createMessage"]["x-swama-handler"] == "routes.messages:create_message"
+    assert ops["countMessageTokens"]["x-swama-handler"] == "routes.messages:count_message_tokens"
+    assert "text/event-stream" in ops["createMessage"]["responses"]["200"]["content"]
+    assert {"400", "401", "404", "413", "429", "500", "503", "529"} <= set(ops["createMessage"]["responses"])
+    errors = schemas["AnthropicErrorResponse"]["properties"]["error"]["discriminator"]["mapping"]
+    assert {"invalid_request_error", "authentication_error", "permission_error", "not_found_error",
+            "request_too_large", "rate_limit_error", "overloaded_error", "api_error"} <= set(errors)
 
 
 def test_extract_needs_clef_beside_its_partners(tmp_path: Path) -> None:

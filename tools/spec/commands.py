@@ -2,10 +2,13 @@
 
     python -m tools.spec extract  [--openai F] [--decisions F] [--systemone F] [--clef F [--clef-flash F]]
                                   [--tokenize F]   # our vLLM tokenizer document: rebuilt every time
+                                  [--anthropic]    # from the installed anthropic SDK (the pinned version)
     python -m tools.spec generate            # specs/ -> generated/
     python -m tools.spec check               # exit 1 when generated/ is stale or hand-edited
     python -m tools.spec diff OLD_DIR [NEW_DIR]
     python -m tools.spec bump --openai F ... # extract, generate, print the schema diff, run tests
+    python -m tools.spec bump --anthropic    # after `pip install anthropic==<new version>` and a new
+                                             # ANTHROPIC.commit in tools/spec/sources.py
 
 Upstream files not given keep their pinned documents. Overlays in specs/overlays/ are applied at
 extraction; `--specs-dir`/`--generated-dir` point the commands at another tree (a trial bump).
@@ -20,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tools.spec import codegen
+from tools.spec import anthropic_sdk, codegen
 from tools.spec import diff as spec_diff
 from tools.spec import extract as spec_extract
 from tools.spec.sources import SOURCES
@@ -41,15 +44,21 @@ def _add_upstream_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenize", type=Path,
                         help="our document of vLLM's /tokenize and /detokenize (default: "
                              "tools/spec/written/vllm-tokenize.yaml; rebuilt on every extraction)")
+    parser.add_argument("--anthropic", action="store_true",
+                        help="build the Anthropic Messages document from the installed anthropic SDK "
+                             "(no file: the package is the upstream; it must be the pinned version)")
 
 
 def _extract(args: argparse.Namespace, specs_dir: Path) -> None:
     given = {"openai": args.openai, "decisions": args.decisions, "systemone": args.systemone, "clef": args.clef,
-             "clef_flash": args.clef_flash, "tokenize": args.tokenize}
+             "clef_flash": args.clef_flash, "tokenize": args.tokenize, "anthropic": args.anthropic}
     if not any(given.values()):
         raise SystemExit("give at least one upstream file (--openai, --decisions, --systemone with --clef, "
-                         "--clef with --clef-flash, --tokenize)")
-    pins = spec_extract.extract_all(specs_dir, **given)
+                         "--clef with --clef-flash, --tokenize) or --anthropic")
+    try:
+        pins = spec_extract.extract_all(specs_dir, **given)
+    except anthropic_sdk.SdkMismatch as exc:
+        raise SystemExit(str(exc)) from None
     names = {s.doc for key, s in SOURCES.items() if given[key]}
     if (specs_dir / SOURCES["openai"].doc).exists():
         names.add(SOURCES["tokenize"].doc)  # ours, in the repository: rebuilt every time

@@ -17,8 +17,18 @@ from typing import Any
 
 import yaml
 
+from tools.spec import anthropic_sdk
 from tools.spec import overlay as spec_overlay
-from tools.spec.sources import DECISIONS, OPENAI, SYSTEMONE, TOKENIZE, TOKENIZE_DOCUMENT, WORKERS_AI, Source
+from tools.spec.sources import (
+    ANTHROPIC,
+    DECISIONS,
+    OPENAI,
+    SYSTEMONE,
+    TOKENIZE,
+    TOKENIZE_DOCUMENT,
+    WORKERS_AI,
+    Source,
+)
 
 # Keys that carry prose or vendor metadata rather than structure.
 PROSE_KEYS = {"description", "summary", "example", "examples", "externalDocs", "tags", "x-oaiMeta",
@@ -203,6 +213,9 @@ ERROR_STATUSES = {
     "500": "Server failure",
     "503": "Timed out waiting for the model",
 }
+# Anthropic's own status for an overloaded API (its clients retry it as they retry a 503).
+ANTHROPIC_ERROR_STATUSES = {**ERROR_STATUSES, "529": "Overloaded"}
+STATUS_TEXT = {**ERROR_STATUSES, **ANTHROPIC_ERROR_STATUSES}  # every error status's description, in any document
 
 
 def _error_responses(schema: str, statuses: dict[str, str]) -> dict[str, Any]:
@@ -211,7 +224,8 @@ def _error_responses(schema: str, statuses: dict[str, str]) -> dict[str, Any]:
             for code, text in statuses.items()}
 
 
-def build_operations(doc: dict[str, Any], source: Source) -> dict[str, Any]:
+def build_operations(doc: dict[str, Any], source: Source,
+                     statuses_served: dict[str, str] | None = None) -> dict[str, Any]:
     paths: dict[str, Any] = {}
     for op in source.operations:
         upstream = copy.deepcopy(doc["paths"][op.upstream_path][op.method])
@@ -220,7 +234,7 @@ def build_operations(doc: dict[str, Any], source: Source) -> dict[str, Any]:
         if op.operation_id:
             upstream["operationId"] = op.operation_id
         ok = {code: body for code, body in upstream["responses"].items() if code.startswith("2")}
-        statuses = dict(ERROR_STATUSES)
+        statuses = dict(statuses_served or ERROR_STATUSES)
         if op.method == "get":
             statuses = {k: v for k, v in statuses.items() if k in ("401", "500")}
         ok.update(_error_responses(op.error_schema, statuses))
@@ -246,8 +260,8 @@ def _finish(source: Source, doc: dict[str, Any]) -> dict[str, Any]:
     for item in doc["paths"].values():
         for op in item.values():
             for code, body in op["responses"].items():
-                if code in ERROR_STATUSES:
-                    body["description"] = ERROR_STATUSES[code]
+                if code in STATUS_TEXT:
+                    body["description"] = STATUS_TEXT[code]
                 elif "description" not in body:
                     body["description"] = "OK"
     schemas = doc["components"]["schemas"]
@@ -426,14 +440,33 @@ def extract_tokenize(document: Path, openai: Path) -> dict[str, Any]:
     return _finish(TOKENIZE, out)
 
 
-def pin_record(source: Source, upstream: Path, produced: Path, extra: dict[str, Path]) -> dict[str, Any]:
+def extract_anthropic() -> dict[str, Any]:
+    """Anthropic's Messages routes, from the types of the installed anthropic SDK (which must be the
+    pinned version): see tools/spec/anthropic_sdk.py."""
+    doc = anthropic_sdk.build_document()
+    paths = build_operations(doc, ANTHROPIC, ANTHROPIC_ERROR_STATUSES)
+    components = reachable_components(doc, [paths])
+    out = _document(ANTHROPIC, paths, {"schemas": dict(sorted(components["schemas"].items()))},
+                    "swama: Anthropic Messages", str(doc["info"]["version"]))
+    return _finish(ANTHROPIC, out)
+
+
+def keep_reached(doc: dict[str, Any]) -> None:
+    """Drop the components no operation reaches (once an overlay has cut them off)."""
+    reached = reachable_components(doc, [doc["paths"]]).get("schemas", {})
+    doc["components"]["schemas"] = {n: b for n, b in sorted(doc["components"]["schemas"].items()) if n in reached}
+
+
+def pin_record(source: Source, upstream: Path | None, produced: Path, extra: dict[str, Path],
+               upstream_sha256: str | None = None) -> dict[str, Any]:
+    """`upstream_sha256` stands for the upstream file's digest where there is no one file (the SDK)."""
     record: dict[str, Any] = {
         "document": source.doc,
         "upstream_repo": source.repo,
         "upstream_path": source.path,
         "upstream_commit": source.commit,
         "upstream_commit_date": source.commit_date,
-        "upstream_sha256": sha256_of(upstream),
+        "upstream_sha256": upstream_sha256 or sha256_of(upstream),
         "sha256": sha256_of(produced),
         "operations": [f"{op.method.upper()} {op.path}" for op in source.operations],
     }
@@ -451,9 +484,13 @@ def dump_yaml(doc: dict[str, Any]) -> str:
 
 def extract_all(specs_dir: Path, openai: Path | None = None, decisions: Path | None = None,
                 systemone: Path | None = None, clef: Path | None = None,
-                clef_flash: Path | None = None, tokenize: Path | None = None) -> list[dict]:
+                clef_flash: Path | None = None, tokenize: Path | None = None,
+                anthropic: bool = False) -> list[dict]:
     """Write specs/*.yaml and specs/pins.json from the upstream files given; a document whose upstream
     file is not given keeps its pinned text and pin record. Returns the pin records.
+
+    `anthropic` rebuilds the Anthropic Messages document from the installed anthropic SDK (no file:
+    the package is the upstream, and must be the pinned version).
 
     The tokenizer routes' document is ours and lives in the repository (`tokenize` overrides it for a
     trial), so it is rebuilt on every extraction: its copies of openai.yaml's components then follow
@@ -463,6 +500,8 @@ def extract_all(specs_dir: Path, openai: Path | None = None, decisions: Path | N
     if clef is not None and systemone is None and clef_flash is None:
         raise ValueError("--clef feeds the System One document (with --systemone) and the Workers AI "
                          "one (with --clef-flash): give at least one of them")
+    if anthropic:
+        anthropic_sdk.check_version()  # before any document is written
     specs_dir.mkdir(parents=True, exist_ok=True)
     pins_path = specs_dir / "pins.json"
     old_pins = {p["document"]: p for p in json.loads(pins_path.read_text())} if pins_path.exists() else {}
@@ -476,6 +515,7 @@ def extract_all(specs_dir: Path, openai: Path | None = None, decisions: Path | N
     if tokenize is None and (openai is not None or openai_pinned.exists()):
         tokenize = TOKENIZE_DOCUMENT
     jobs.append((TOKENIZE, tokenize, lambda: extract_tokenize(tokenize, openai_pinned), {"openai": openai_pinned}))
+    jobs.append((ANTHROPIC, anthropic or None, extract_anthropic, {}))
     pins = []
     for source, upstream, build, extra in jobs:
         if upstream is None:
@@ -489,9 +529,14 @@ def extract_all(specs_dir: Path, openai: Path | None = None, decisions: Path | N
         for note in spec_overlay.apply_overlay_file(doc, overlay):
             print(f"overlays/{source.doc}: {note}")
         add_discriminator_mappings(doc["components"]["schemas"])  # for unions the overlay added
+        if source.keep_only_reached:
+            keep_reached(doc)
         target.write_text(dump_yaml(doc), encoding="utf-8")
-        # The Workers AI document's first upstream file is clef.json; clef-flash.json is its extra.
-        record = pin_record(source, clef if source is WORKERS_AI else upstream, target, extra)
+        if source is ANTHROPIC:
+            record = pin_record(source, None, target, extra, upstream_sha256=anthropic_sdk.types_sha256())
+        else:
+            # The Workers AI document's first upstream file is clef.json; clef-flash.json is its extra.
+            record = pin_record(source, clef if source is WORKERS_AI else upstream, target, extra)
         if overlay.exists():
             record["overlay"] = f"overlays/{source.doc}"
             record["overlay_sha256"] = sha256_of(overlay)

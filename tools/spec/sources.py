@@ -30,6 +30,9 @@ class Source:
     component_prefix: str = ""  # keeps component names unique once the documents are merged
     note: str = ""
     extra_inputs: tuple[str, ...] = field(default_factory=tuple)
+    # Keep only the components the operations reach once the overlay has narrowed them (a document
+    # built from a whole SDK's types would otherwise carry every type the overlay cut off).
+    keep_only_reached: bool = False
 
 
 OPENAI = Source(
@@ -148,5 +151,37 @@ TOKENIZE = Source(
 )
 TOKENIZE_DOCUMENT = WRITTEN / "vllm-tokenize.yaml"
 
+# Anthropic publishes no OpenAPI file: the document is built from the types of its Python SDK, which is
+# generated from Anthropic's own specification (tools/spec/anthropic_sdk.py reads the installed package,
+# and refuses any version but `commit`).
+ANTHROPIC = Source(
+    doc="anthropic.yaml",
+    repo="anthropics/anthropic-sdk-python (PyPI: anthropic)",
+    path="anthropic/types/: message_create_params.py, message_count_tokens_params.py, message.py, "
+         "message_tokens_count.py, raw_message_stream_event.py, shared/error_response.py and the modules they import",
+    commit="2.10.0",
+    commit_date="unknown: read from the installed anthropic 2.10.0 wheel on 2026-12-03",
+    operations=(
+        Operation("post", "/v1/messages", "/v1/messages", "routes.messages:create_message",
+                  operation_id="createMessage"),
+        Operation("post", "/v1/messages/count_tokens", "/v1/messages/count_tokens",
+                  "routes.messages:count_message_tokens", operation_id="countMessageTokens"),
+    ),
+    component_prefix="Anthropic",
+    note=(
+        "Anthropic publishes no OpenAPI file. The document is built from the anthropic Python SDK at "
+        "upstream_commit (its PyPI version), which Stainless generates from Anthropic's own specification: "
+        "the request TypedDicts (MessageCreateParamsBase plus `stream` as one boolean, MessageCountTokensParams) "
+        "and the answer models (Message, MessageTokensCount, RawMessageStreamEvent, ErrorResponse), turned "
+        "into JSON Schema by pydantic (tools/spec/anthropic_sdk.py). upstream_sha256 is the sha256 of the "
+        "sha256sum manifest of the package's anthropic/types/**/*.py files, sorted by path relative to "
+        "site-packages (`find anthropic/types -name '*.py' | LC_ALL=C sort | xargs sha256sum | sha256sum`), "
+        "each file first checked against the wheel's RECORD. temperature, top_p and top_k, which this SDK "
+        "no longer has, are added by the overlay (x-swama-extension: anthropic), as is the request_too_large "
+        "error Anthropic documents for 413."
+    ),
+    keep_only_reached=True,
+)
+
 SOURCES = {"openai": OPENAI, "decisions": DECISIONS, "systemone": SYSTEMONE, "clef_flash": WORKERS_AI,
-           "tokenize": TOKENIZE}
+           "tokenize": TOKENIZE, "anthropic": ANTHROPIC}

@@ -1,0 +1,258 @@
+"""POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API over the shared generator.
+
+The generated models (specs/anthropic.yaml, from the pinned anthropic SDK's types) parse the request;
+this module reads it into the turns chat and responses share, and adds what no schema says:
+- tool_result blocks become tool turns, ahead of the rest of their user message;
+- a final assistant message is a prefill: the answer continues it;
+- thinking blocks of earlier turns go back to the template as `reasoning_content`;
+- `thinking` maps onto the template's thinking switch and a budget of thinking tokens;
+- `max_tokens` is held to the context window (the answer stops there with stop_reason max_tokens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pydantic
+from fastapi import Response
+from fastapi.responses import StreamingResponse
+
+from swama.engine.client import Cancelled, ChatRequest, EngineError, NotFound, Task, TokenizeJob
+from swama.generated.anthropic_models import AnthropicMessageCountTokensParams, AnthropicMessageCreateParams
+from swama.handlers.http.errors import ApiError, bad_request
+from swama.handlers.http.pipeline import Call, route
+from swama.handlers.http.streaming import collect_or_cancel, start_stream
+from swama.handlers.media.images import ImageRef, valid_image_url
+from swama.handlers.routes.messages_render import MessageStream, final_message, sse_frame
+from swama.handlers.routes.messages_wording import COUNT_RULES, RULES, error_type
+from swama.handlers.routes.turns import (
+    OutputRules,
+    Thinking,
+    Turn,
+    attach_images,
+    chat_request,
+    function_tool,
+    image_refs,
+    merge_adjacent_system,
+    sampling,
+    tool_call,
+)
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "Connection": "keep-alive"}
+
+
+def _value(node: Any) -> Any:
+    """A generated RootModel's value (unions and nullable fields come wrapped in one)."""
+    while isinstance(node, pydantic.RootModel):
+        node = node.root
+    return node
+
+
+def _plain(node: Any) -> Any:
+    """A generated model (or a value holding some) as plain JSON data."""
+    node = _value(node)
+    if isinstance(node, pydantic.BaseModel):
+        return node.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    if isinstance(node, dict):
+        return {k: _plain(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_plain(v) for v in node]
+    return node
+
+
+def _blocks(content: Any) -> list[Any]:
+    content = _value(content)
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [content]
+    return [_value(b) for b in content]
+
+
+def _kind(block: Any) -> str:
+    return "text" if isinstance(block, str) else str(_value(block.type))
+
+
+def _image(block: Any, where: str) -> ImageRef:
+    source = _value(block.source)
+    if str(_value(source.type)) == "base64":
+        url = f"data:{_value(source.media_type)};base64,{source.data}"
+    else:
+        url = str(source.url)
+    if not valid_image_url(url):
+        raise bad_request(f"{where}.source: the image must be base64 data or an http(s) URL.", param=where)
+    return ImageRef(where, url)
+
+
+def _text(block: Any) -> str:
+    return block if isinstance(block, str) else block.text
+
+
+def _tool_result(block: Any, where: str) -> Turn:
+    parts: list[str | ImageRef] = []
+    for j, part in enumerate(_blocks(block.content)):
+        kind = _kind(part)
+        parts.append(_image(part, f"{where}.content.{j}") if kind == "image" else _text(part))
+    if _value(getattr(block, "is_error", None)):
+        # Chat templates have no error flag for a tool's result: the text says it.
+        parts.insert(0, "Error:")
+    return Turn("tool", parts, tool_call_id=block.tool_use_id)
+
+
+def _message_turns(message: Any, i: int) -> list[Turn]:
+    role = str(_value(message.role))
+    where = f"messages.{i}.content"
+    turns: list[Turn] = []
+    turn = Turn(role)
+    thinking: list[str] = []
+    for j, block in enumerate(_blocks(message.content)):
+        kind = _kind(block)
+        if kind == "text":
+            turn.parts.append(_text(block))
+        elif kind == "image":
+            turn.parts.append(_image(block, f"{where}.{j}"))
+        elif kind == "tool_use" and role == "assistant":
+            turn.tool_calls.append(tool_call(block.id, block.name, _plain(block.input) or {}))
+        elif kind == "tool_result" and role == "user":
+            turns.append(_tool_result(block, f"{where}.{j}"))
+        elif kind == "thinking" and role == "assistant":
+            thinking.append(block.thinking)
+        elif kind == "redacted_thinking" and role == "assistant":
+            continue  # nothing readable to give back
+        else:
+            raise bad_request(f"{where}.{j}: a '{kind}' block cannot appear in a {role} message.",
+                              param=f"{where}.{j}")
+    if thinking:
+        turn.reasoning = "\n".join(thinking)
+    if turn.parts or turn.tool_calls or not turns:
+        turns.append(turn)
+    return turns
+
+
+def _system(system: Any) -> list[Turn]:
+    texts = [_text(b) for b in _blocks(system)]
+    return [Turn("system", ["\n".join(texts)])] if texts else []
+
+
+def turns_from(system: Any, messages: list[Any]) -> list[Turn]:
+    turns = _system(system)
+    for i, message in enumerate(messages):
+        turns += _message_turns(_value(message), i)
+    return merge_adjacent_system(turns)
+
+
+def tools_from(tools: Any) -> tuple[list[dict[str, Any]], frozenset[str]]:
+    out, strict = [], set()
+    for tool in _value(tools) or []:
+        tool = _value(tool)
+        schema = _plain(tool.input_schema)
+        out.append(function_tool(tool.name, _value(getattr(tool, "description", None)), schema))
+        if _value(getattr(tool, "strict", None)):
+            strict.add(tool.name)
+    return out, frozenset(strict)
+
+
+def output_rules(request: Any, strict: frozenset[str]) -> OutputRules:
+    choice = _value(request.tool_choice)
+    kind = str(_value(choice.type)) if choice is not None else "auto"
+    parallel = not _value(getattr(choice, "disable_parallel_tool_use", None)) if choice is not None else True
+    mode = {"auto": "auto", "any": "required", "tool": "function", "none": "none"}[kind]
+    return OutputRules(tool_choice=mode, function=choice.name if kind == "tool" else None, strict=strict,
+                       parallel=parallel)
+
+
+def thinking_from(request: Any) -> Thinking:
+    """`thinking`: enabled with a budget, adaptive (no budget), or disabled; absent: the template's default."""
+    config = _value(getattr(request, "thinking", None))
+    if config is None:
+        return Thinking()
+    kind = str(_value(config.type))
+    if kind == "disabled":
+        return Thinking(False)
+    budget = _value(getattr(config, "budget_tokens", None))
+    return Thinking(True, int(budget) if budget is not None else None)
+
+
+def request_from(request: Any, context_limit: int) -> tuple[ChatRequest, list[ImageRef]]:
+    turns = turns_from(getattr(request, "system", None), [_value(m) for m in _value(request.messages)])
+    continue_final = bool(turns) and turns[-1].role == "assistant" and not turns[-1].tool_calls
+    tools, strict = tools_from(getattr(request, "tools", None))
+    options = sampling(temperature=_value(getattr(request, "temperature", None)),
+                       top_p=_value(getattr(request, "top_p", None)), top_k=_value(getattr(request, "top_k", None)))
+    stop = [str(s) for s in _value(getattr(request, "stop_sequences", None)) or []]
+    # max_tokens is an upper bound: held to the context window, the answer stops there (max_tokens).
+    max_tokens = min(int(_value(request.max_tokens)), context_limit)
+    chat = chat_request(turns, sampling=options, context_limit=context_limit, tools=tools,
+                        rules=output_rules(request, strict), params=(None, "tool_choice"), max_tokens=max_tokens,
+                        stop=stop, thinking=thinking_from(request), continue_final=continue_final)
+    return chat, image_refs(turns)
+
+
+def _model(call: Call, name: str) -> Any:
+    try:
+        return call.engine.model_for(name, Task.GENERATE)
+    except NotFound as exc:
+        if name.startswith("claude"):
+            raise ApiError(404, f"{exc.message} This server runs local models: point the client at one, e.g. "
+                                "ANTHROPIC_MODEL=smollm2 for Claude Code.", code="model_not_found") from None
+        raise
+
+
+@route(RULES)
+async def create_message(call: Call, parsed: AnthropicMessageCreateParams) -> Response | dict[str, Any]:
+    request, images = request_from(parsed, call.settings.context_limit)
+    name = str(_value(parsed.model))
+    model = _model(call, name)
+    await attach_images(call.engine, request, images, model)
+    events = call.engine.chat(model.id, request)
+    if _value(getattr(parsed, "stream", None)):
+        events = await start_stream(events)  # errors before the first token stay plain HTTP errors
+        return StreamingResponse(_sse(name, events), media_type="text/event-stream", headers=SSE_HEADERS)
+    collected = [event async for event in collect_or_cancel(call.request, events)]
+    if not collected:
+        raise Cancelled()
+    try:
+        return final_message(name, collected)
+    except ValueError:
+        raise Cancelled() from None
+
+
+async def _sse(model: str, events: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+    stream = MessageStream(model)
+    for frame in stream.start():
+        yield sse_frame(*frame)
+    try:
+        async for event in events:
+            for frame in stream.feed(event):
+                yield sse_frame(*frame)
+    except EngineError as exc:
+        for frame in stream.failed(error_type(exc.status), exc.message):
+            yield sse_frame(*frame)
+    finally:
+        await events.aclose()
+
+
+@route(COUNT_RULES)
+async def count_message_tokens(call: Call, parsed: AnthropicMessageCountTokensParams) -> dict[str, Any]:
+    """The prompt's tokens as /v1/messages would render it (tools and thinking switch included)."""
+    request, images = request_from_count(parsed)
+    name = str(_value(parsed.model))
+    model = _model(call, name)
+    await attach_images(call.engine, request, images, model)
+    switch = {"enable_thinking": request.thinking} if request.thinking is not None else {}
+    job = TokenizeJob(messages=request.messages, tools=request.tools, images=request.images,
+                      add_special_tokens=False, add_generation_prompt=not request.continue_final,
+                      continue_final_message=request.continue_final, template_kwargs=switch)
+    tokenized = await call.engine.tokenize(model.id, job)
+    return {"input_tokens": len(tokenized.ids)}
+
+
+def request_from_count(parsed: Any) -> tuple[ChatRequest, list[ImageRef]]:
+    turns = turns_from(getattr(parsed, "system", None), [_value(m) for m in _value(parsed.messages)])
+    continue_final = bool(turns) and turns[-1].role == "assistant" and not turns[-1].tool_calls
+    tools, strict = tools_from(getattr(parsed, "tools", None))
+    chat = chat_request(turns, sampling=sampling(), context_limit=1, tools=tools,
+                        rules=output_rules(parsed, strict), params=(None, "tool_choice"),
+                        thinking=thinking_from(parsed), continue_final=continue_final)
+    return chat, image_refs(turns)
