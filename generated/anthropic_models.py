@@ -312,7 +312,9 @@ class AnthropicMessageCountTokensParams(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
     )
-    messages: Annotated[list[AnthropicMessageParam], Field(min_length=1)]
+    messages: Annotated[
+        list[AnthropicMessageParam | AnthropicSystemMessageParam], Field(min_length=1)
+    ]
     cache_control: AnthropicCacheControlEphemeralParam | None = None
     output_config: AnthropicOutputConfigParam | None = None
     speed: AnthropicMessageCountTokensParamsSpeed | None = None
@@ -341,7 +343,9 @@ class AnthropicMessageCreateParams(BaseModel):
         extra="forbid",
     )
     max_tokens: Annotated[JSONInt, Field(ge=1)]
-    messages: Annotated[list[AnthropicMessageParam], Field(min_length=1)]
+    messages: Annotated[
+        list[AnthropicMessageParam | AnthropicSystemMessageParam], Field(min_length=1)
+    ]
     cache_control: AnthropicCacheControlEphemeralParam | None = None
     container: AnthropicContainerParams | StrictStr | None = None
     diagnostics: AnthropicDiagnosticsParam | None = None
@@ -364,6 +368,12 @@ class AnthropicMessageCreateParams(BaseModel):
     user_profile_id: StrictStr | None = None
     workspace_id: StrictStr | None = None
     stream: StrictBool | None = None
+    context_management: Annotated[
+        AnthropicMessageCreateParamsContextManagement | None,
+        Field(
+            description="Anthropic's beta context management, only the edit that keeps the thinking of every earlier turn."
+        ),
+    ] = None
     temperature: Annotated[
         StrictFloat | None,
         Field(
@@ -388,6 +398,30 @@ class AnthropicMessageCreateParams(BaseModel):
         ),
     ] = None
     model: Annotated[StrictStr, Field(min_length=1, pattern="[^\\s\\x1c-\\x1f\\x85]")]
+
+
+class AnthropicMessageCreateParamsContextManagement(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    edits: list[AnthropicMessageCreateParamsContextManagementEdit] | None = None
+
+
+class AnthropicMessageCreateParamsContextManagementEdit(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    type: Literal["clear_thinking_20251015"]
+    keep: Literal["all"] | AnthropicMessageCreateParamsContextManagementEditKeep | None = (
+        None
+    )
+
+
+class AnthropicMessageCreateParamsContextManagementEditKeep(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    type: Literal["all"]
 
 
 class AnthropicMessageCreateParamsServiceTier(StrEnum):
@@ -662,6 +696,14 @@ class AnthropicSkillParams(BaseModel):
 class AnthropicSkillParamsType(StrEnum):
     anthropic = "anthropic"
     custom = "custom"
+
+
+class AnthropicSystemMessageParam(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    content: StrictStr | list[AnthropicTextBlockParam]
+    role: Literal["system"]
 
 
 class AnthropicTextBlock(BaseModel):

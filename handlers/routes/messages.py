@@ -103,6 +103,8 @@ def _tool_result(block: Any, where: str) -> Turn:
 def _message_turns(message: Any, i: int) -> list[Turn]:
     role = str(_value(message.role))
     where = f"messages.{i}.content"
+    if role == "system":  # a system message among the turns: a system turn in its place
+        return [Turn("system", ["\n".join(_text(b) for b in _blocks(message.content))])]
     turns: list[Turn] = []
     turn = Turn(role)
     thinking: list[str] = []
@@ -153,24 +155,40 @@ def tools_from(tools: Any) -> tuple[list[dict[str, Any]], frozenset[str]]:
     return out, frozenset(strict)
 
 
+def _output_config(request: Any) -> tuple[str | None, dict[str, Any] | None]:
+    """output_config's effort and JSON schema, each None when not given."""
+    config = _value(getattr(request, "output_config", None))
+    if config is None:
+        return None, None
+    effort = _value(getattr(config, "effort", None))
+    fmt = _value(getattr(config, "format", None))
+    return (str(_value(effort)) if effort is not None else None,
+            _plain(fmt.schema_) if fmt is not None else None)
+
+
 def output_rules(request: Any, strict: frozenset[str]) -> OutputRules:
     choice = _value(request.tool_choice)
     kind = str(_value(choice.type)) if choice is not None else "auto"
     parallel = not _value(getattr(choice, "disable_parallel_tool_use", None)) if choice is not None else True
     mode = {"auto": "auto", "any": "required", "tool": "function", "none": "none"}[kind]
-    return OutputRules(tool_choice=mode, function=choice.name if kind == "tool" else None, strict=strict,
-                       parallel=parallel)
+    _, schema = _output_config(request)
+    return OutputRules(format="json_schema" if schema is not None else "text", schema=schema, tool_choice=mode,
+                       function=choice.name if kind == "tool" else None, strict=strict, parallel=parallel)
 
 
 def thinking_from(request: Any) -> Thinking:
-    """`thinking`: enabled with a budget, adaptive (no budget), or disabled; absent: the template's default."""
+    """`thinking`: enabled with a budget, adaptive or between_tools (output_config.effort's budget), or
+    disabled; absent: the template's default, or output_config.effort's switch and budget."""
     config = _value(getattr(request, "thinking", None))
+    effort, _ = _output_config(request)
     if config is None:
-        return Thinking()
+        return Thinking.from_effort(effort) if effort is not None else Thinking()
     kind = str(_value(config.type))
     if kind == "disabled":
         return Thinking(False)
     budget = _value(getattr(config, "budget_tokens", None))
+    if budget is None and effort is not None:
+        return Thinking(True, Thinking.from_effort(effort).budget)
     return Thinking(True, int(budget) if budget is not None else None)
 
 
@@ -184,7 +202,8 @@ def request_from(request: Any, context_limit: int) -> tuple[ChatRequest, list[Im
     # max_tokens is an upper bound: held to the context window, the answer stops there (max_tokens).
     max_tokens = min(int(_value(request.max_tokens)), context_limit)
     chat = chat_request(turns, sampling=options, context_limit=context_limit, tools=tools,
-                        rules=output_rules(request, strict), params=(None, "tool_choice"), max_tokens=max_tokens,
+                        rules=output_rules(request, strict), params=("output_config", "tool_choice"),
+                        max_tokens=max_tokens,
                         stop=stop, thinking=thinking_from(request), continue_final=continue_final)
     return chat, image_refs(turns)
 

@@ -52,11 +52,14 @@ def _unhandled(name: str) -> ApiError:
 
 
 # Every field the handler acts on, or accepts with a stated local meaning (see the overlay): cache_control
-# (the prompt cache applies to every request), metadata (not used), service_tier (one tier here).
+# (the prompt cache applies to every request), metadata (not used), service_tier (one tier here),
+# context_management (earlier thinking is kept, the one edit served).
 HANDLED = frozenset({
     "model", "messages", "max_tokens", "system", "stream", "stop_sequences", "temperature", "top_p", "top_k",
-    "tools", "tool_choice", "thinking", "metadata", "cache_control", "service_tier",
+    "tools", "tool_choice", "thinking", "metadata", "cache_control", "service_tier", "output_config",
+    "context_management",
 })
-COUNT_HANDLED = frozenset({"model", "messages", "system", "tools", "tool_choice", "thinking", "cache_control"})
+COUNT_HANDLED = frozenset({"model", "messages", "system", "tools", "tool_choice", "thinking", "cache_control",
+                           "output_config", "context_management"})
 RULES = RouteRules(schema_error=schema_error, handled=HANDLED, unhandled=_unhandled)
 COUNT_RULES = RouteRules(schema_error=schema_error, handled=COUNT_HANDLED, unhandled=_unhandled)

@@ -242,3 +242,31 @@ def test_body_too_large_and_key_errors(tmp_path: Path, model_store: Path) -> Non
         assert got == 413 and envelope["error"]["type"] == "request_too_large"
     finally:
         server.stop()
+
+
+def test_what_claude_code_sends_is_served(model_server: LiveServer) -> None:
+    """A system message among the turns, the beta context_management that keeps earlier thinking,
+    output_config's effort and adaptive thinking, and `?beta=true`, as Claude Code sends them."""
+    body = {"model": SMOL, "max_tokens": 16, "stream": False, "temperature": 0,
+            "system": [{"type": "text", "text": "You are terse."},
+                       {"type": "text", "text": "Answer in English.", "cache_control": {"type": "ephemeral"}}],
+            "messages": [*ASK, {"role": "system", "content": "The user is in Europe."}],
+            "thinking": {"type": "adaptive", "display": "omitted"},
+            "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+            "output_config": {"effort": "high"}, "metadata": {"user_id": '{"device_id": "x"}'}}
+    r = httpx.post(model_server.v1 + "/messages?beta=true", json=body, timeout=120,
+                   headers={"anthropic-version": "2023-06-01", "anthropic-beta": "claude-code-20250219"})
+    assert r.status_code == 200, r.text
+    assert r.json()["content"][0]["type"] == "text"
+    # Edits swama cannot honour are refused by the schema, naming the field.
+    cleared = {**body, "context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}}
+    r = httpx.post(model_server.v1 + "/messages", json=cleared, timeout=60)
+    assert r.status_code == 400 and "context_management" in r.json()["error"]["message"]
+
+
+def test_output_config_format_holds_the_answer_to_a_schema(client: anthropic.Anthropic) -> None:
+    schema = {"type": "object", "properties": {"capital": {"type": "string", "maxLength": 20}},
+              "required": ["capital"], "additionalProperties": False}
+    m = client.messages.create(model=SMOL, max_tokens=48, messages=ASK, extra_body=GREEDY,
+                               output_config={"format": {"type": "json_schema", "schema": schema}})
+    assert set(json.loads(m.content[0].text)) == {"capital"}
