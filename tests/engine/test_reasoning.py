@@ -21,6 +21,7 @@ from swama.engine.text.generator import (
     ReasoningDelta,
     Sampling,
     TextDelta,
+    ToolCallEvent,
     generate,
     prepare,
 )
@@ -163,3 +164,18 @@ def test_decisions_never_score_inside_a_think_block(thinker: LoadedModel) -> Non
         text = thinker.tokenizer.decode(question.ids)
         # Qwen3's template with enable_thinking false closes an empty block: the label follows it.
         assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def test_tool_calls_after_thinking_parse_as_before(thinker: LoadedModel) -> None:
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "",
+                                               "parameters": {"type": "object", "properties": {}}}}]
+    text = ('<think>\nI should call <tool_call> get_weather.\n</think>\n\n'
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
+    ids = thinker.tokenizer.encode(text, add_special_tokens=False)
+    decoder = Decoder(thinker, ChatRequest(messages=[], tools=tools), prompt_tokens=10)
+    events = [e for t in ids for e in decoder.token(t)] + decoder.finish("stop")
+    # A marker written inside the thinking is thinking, not a call.
+    assert "".join(e.text for e in events if isinstance(e, ReasoningDelta)) == "I should call <tool_call> get_weather."
+    calls = [e.call for e in events if isinstance(e, ToolCallEvent)]
+    assert [(c.name, c.arguments) for c in calls] == [("get_weather", '{"city": "Paris"}')]
+    assert not [e for e in events if isinstance(e, TextDelta)] and events[-1].finish_reason == "tool_calls"
