@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, TypeVar
 
 from fastapi import Request
+
+from swama.engine.client import EngineError
 
 T = TypeVar("T")
 
@@ -63,3 +65,24 @@ async def start_stream(events: AsyncIterator[T]) -> AsyncIterator[T]:
 async def _empty() -> AsyncIterator[Any]:
     return
     yield
+
+
+Frame = tuple[str, dict[str, Any]]
+
+
+async def event_stream(events: AsyncIterator[Any], start: Callable[[], Iterable[Frame]],
+                       feed: Callable[[Any], Iterable[Frame]], failed: Callable[[EngineError], Iterable[Frame]],
+                       encode: Callable[[str, dict[str, Any]], bytes]) -> AsyncIterator[bytes]:
+    """A route's typed SSE events for a generation: its opening frames, the frames of each engine event,
+    and its error frames when the engine fails after the stream began; the generation is closed at the end."""
+    for frame in start():
+        yield encode(*frame)
+    try:
+        async for event in events:
+            for frame in feed(event):
+                yield encode(*frame)
+    except EngineError as exc:
+        for frame in failed(exc):
+            yield encode(*frame)
+    finally:
+        await events.aclose()

@@ -9,7 +9,6 @@ import time
 import uuid
 from typing import Any
 
-import pydantic
 from fastapi import Response
 from fastapi.responses import StreamingResponse
 
@@ -46,22 +45,18 @@ from swama.handlers.routes.turns import (
     json_object,
     sampling,
     tool_call,
+    unwrap,
 )
 
 
-def _value(node: Any) -> Any:
-    """A generated RootModel's value (the generator wraps `X | null` fields in one)."""
-    return node.root if isinstance(node, pydantic.RootModel) else node
-
-
 def _parts(content: Any, where: str) -> list[str | ImageRef]:
-    content = _value(content)
+    content = unwrap(content)
     if content is None:
         return []
     if isinstance(content, str):
         return [content]
     parts: list[str | ImageRef] = []
-    for j, part in enumerate(_value(p) for p in content):
+    for j, part in enumerate(unwrap(p) for p in content):
         kind = str(part.type)
         if kind == "text":
             parts.append(part.text)
@@ -80,8 +75,8 @@ def _parts(content: Any, where: str) -> list[str | ImageRef]:
 
 def _tool_calls(message: Any, where: str) -> list[dict[str, Any]]:
     calls = []
-    for k, entry in enumerate(_value(message.tool_calls) or []):
-        call = _value(entry)  # a function call: the schema takes no other kind
+    for k, entry in enumerate(unwrap(message.tool_calls) or []):
+        call = unwrap(entry)  # a function call: the schema takes no other kind
         arguments = json_object(call.function.arguments)
         if arguments is None:
             raise bad_request(f"Tool '{call.function.name}' requires JSON object arguments or parameters",
@@ -93,7 +88,7 @@ def _tool_calls(message: Any, where: str) -> list[dict[str, Any]]:
 def turns_from(messages: list[Any]) -> list[Turn]:
     turns = []
     for i, entry in enumerate(messages):
-        message = _value(entry)
+        message = unwrap(entry)
         role = str(message.role)
         if role not in ("system", "user", "assistant", "tool", "developer"):
             raise bad_request(f"Invalid role: {role}. {CHAT_ROLES}", param=f"messages.{i}.role")
@@ -118,19 +113,19 @@ def tools_from(tools: list[ChatCompletionTool] | None) -> list[dict[str, Any]]:
 
 
 def request_from(request: CreateChatCompletionRequest, context_limit: int) -> tuple[ChatRequest, list[ImageRef]]:
-    stop = _value(request.stop)
-    stop = [stop] if isinstance(stop, str) else list(_value(stop) or [])
-    max_tokens = _value(request.max_completion_tokens)
+    stop = unwrap(request.stop)
+    stop = [stop] if isinstance(stop, str) else list(unwrap(stop) or [])
+    max_tokens = unwrap(request.max_completion_tokens)
     if max_tokens is None:
-        max_tokens = _value(request.max_tokens)
+        max_tokens = unwrap(request.max_tokens)
     options = sampling(
-        temperature=_value(request.temperature), top_p=_value(request.top_p), top_k=request.top_k,
-        min_p=request.min_p, repetition_penalty=_value(request.repetition_penalty),
+        temperature=unwrap(request.temperature), top_p=unwrap(request.top_p), top_k=request.top_k,
+        min_p=request.min_p, repetition_penalty=unwrap(request.repetition_penalty),
         repetition_context_size=request.repetition_context_size,
-        presence_penalty=_value(request.presence_penalty), frequency_penalty=_value(request.frequency_penalty),
+        presence_penalty=unwrap(request.presence_penalty), frequency_penalty=unwrap(request.frequency_penalty),
         seed=request.seed)
     turns = turns_from(request.messages)
-    effort = _value(_value(request.reasoning_effort))
+    effort = unwrap(unwrap(request.reasoning_effort))
     kwargs = request.chat_template_kwargs
     thinking = Thinking.from_effort(str(effort) if effort is not None else None,
                                     kwargs.enable_thinking if kwargs is not None else None)
@@ -142,15 +137,15 @@ def request_from(request: CreateChatCompletionRequest, context_limit: int) -> tu
 
 def output_rules(request: CreateChatCompletionRequest) -> OutputRules:
     """response_format, tool_choice, strict functions, parallel_tool_calls and logprobs."""
-    choice = _value(request.tool_choice)
+    choice = unwrap(request.tool_choice)
     named = choice.function.name if isinstance(choice, ChatCompletionNamedToolChoice) else None
-    fmt = _value(request.response_format)
+    fmt = unwrap(request.response_format)
     kind = str(fmt.type) if fmt is not None else "text"
     schema = None
     if isinstance(fmt, ResponseFormatJsonSchema):
         body = fmt.json_schema.schema_
         schema = body.model_dump(by_alias=True) if body is not None else {}
-    top = _value(request.top_logprobs)
+    top = unwrap(request.top_logprobs)
     if top is not None and not request.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true.", param="top_logprobs")
     strict = frozenset(t.function.name for t in request.tools or [] if t.function.strict)
@@ -164,7 +159,7 @@ def output_rules(request: CreateChatCompletionRequest) -> OutputRules:
 async def create_chat_completion(call: Call, parsed: CreateChatCompletionRequest) -> Response | dict[str, Any]:
     engine = call.engine
     request, images = request_from(parsed, call.settings.context_limit)
-    model = str(_value(parsed.model))
+    model = str(unwrap(parsed.model))
     installed = engine.model_for(model, Task.GENERATE)
     await attach_images(engine, request, images, installed)
     ident, created = f"chatcmpl-{uuid.uuid4()}", int(time.time())

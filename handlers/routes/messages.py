@@ -18,11 +18,11 @@ import pydantic
 from fastapi import Response
 from fastapi.responses import StreamingResponse
 
-from swama.engine.client import Cancelled, ChatRequest, EngineError, NotFound, Task, TokenizeJob
+from swama.engine.client import Cancelled, ChatRequest, NotFound, Task, TokenizeJob
 from swama.generated.anthropic_models import AnthropicMessageCountTokensParams, AnthropicMessageCreateParams
 from swama.handlers.http.errors import ApiError, bad_request
 from swama.handlers.http.pipeline import Call, route
-from swama.handlers.http.streaming import collect_or_cancel, start_stream
+from swama.handlers.http.streaming import collect_or_cancel, event_stream, start_stream
 from swama.handlers.media.images import ImageRef, valid_image_url
 from swama.handlers.routes.messages_render import MessageStream, final_message, sse_frame
 from swama.handlers.routes.messages_wording import COUNT_RULES, RULES, error_type
@@ -37,21 +37,16 @@ from swama.handlers.routes.turns import (
     merge_adjacent_system,
     sampling,
     tool_call,
+    unwrap,
 )
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "Connection": "keep-alive"}
 
 
-def _value(node: Any) -> Any:
-    """A generated RootModel's value (unions and nullable fields come wrapped in one)."""
-    while isinstance(node, pydantic.RootModel):
-        node = node.root
-    return node
-
 
 def _plain(node: Any) -> Any:
     """A generated model (or a value holding some) as plain JSON data."""
-    node = _value(node)
+    node = unwrap(node)
     if isinstance(node, pydantic.BaseModel):
         return node.model_dump(mode="json", by_alias=True, exclude_unset=True)
     if isinstance(node, dict):
@@ -62,22 +57,22 @@ def _plain(node: Any) -> Any:
 
 
 def _blocks(content: Any) -> list[Any]:
-    content = _value(content)
+    content = unwrap(content)
     if content is None:
         return []
     if isinstance(content, str):
         return [content]
-    return [_value(b) for b in content]
+    return [unwrap(b) for b in content]
 
 
 def _kind(block: Any) -> str:
-    return "text" if isinstance(block, str) else str(_value(block.type))
+    return "text" if isinstance(block, str) else str(unwrap(block.type))
 
 
 def _image(block: Any, where: str) -> ImageRef:
-    source = _value(block.source)
-    if str(_value(source.type)) == "base64":
-        url = f"data:{_value(source.media_type)};base64,{source.data}"
+    source = unwrap(block.source)
+    if str(unwrap(source.type)) == "base64":
+        url = f"data:{unwrap(source.media_type)};base64,{source.data}"
     else:
         url = str(source.url)
     if not valid_image_url(url):
@@ -94,14 +89,14 @@ def _tool_result(block: Any, where: str) -> Turn:
     for j, part in enumerate(_blocks(block.content)):
         kind = _kind(part)
         parts.append(_image(part, f"{where}.content.{j}") if kind == "image" else _text(part))
-    if _value(getattr(block, "is_error", None)):
+    if unwrap(getattr(block, "is_error", None)):
         # Chat templates have no error flag for a tool's result: the text says it.
         parts.insert(0, "Error:")
     return Turn("tool", parts, tool_call_id=block.tool_use_id)
 
 
 def _message_turns(message: Any, i: int) -> list[Turn]:
-    role = str(_value(message.role))
+    role = str(unwrap(message.role))
     where = f"messages.{i}.content"
     if role == "system":  # a system message among the turns: a system turn in its place
         return [Turn("system", ["\n".join(_text(b) for b in _blocks(message.content))])]
@@ -140,36 +135,36 @@ def _system(system: Any) -> list[Turn]:
 def turns_from(system: Any, messages: list[Any]) -> list[Turn]:
     turns = _system(system)
     for i, message in enumerate(messages):
-        turns += _message_turns(_value(message), i)
+        turns += _message_turns(unwrap(message), i)
     return merge_adjacent_system(turns)
 
 
 def tools_from(tools: Any) -> tuple[list[dict[str, Any]], frozenset[str]]:
     out, strict = [], set()
-    for tool in _value(tools) or []:
-        tool = _value(tool)
+    for tool in unwrap(tools) or []:
+        tool = unwrap(tool)
         schema = _plain(tool.input_schema)
-        out.append(function_tool(tool.name, _value(getattr(tool, "description", None)), schema))
-        if _value(getattr(tool, "strict", None)):
+        out.append(function_tool(tool.name, unwrap(getattr(tool, "description", None)), schema))
+        if unwrap(getattr(tool, "strict", None)):
             strict.add(tool.name)
     return out, frozenset(strict)
 
 
 def _output_config(request: Any) -> tuple[str | None, dict[str, Any] | None]:
     """output_config's effort and JSON schema, each None when not given."""
-    config = _value(getattr(request, "output_config", None))
+    config = unwrap(getattr(request, "output_config", None))
     if config is None:
         return None, None
-    effort = _value(getattr(config, "effort", None))
-    fmt = _value(getattr(config, "format", None))
-    return (str(_value(effort)) if effort is not None else None,
+    effort = unwrap(getattr(config, "effort", None))
+    fmt = unwrap(getattr(config, "format", None))
+    return (str(unwrap(effort)) if effort is not None else None,
             _plain(fmt.schema_) if fmt is not None else None)
 
 
 def output_rules(request: Any, strict: frozenset[str]) -> OutputRules:
-    choice = _value(request.tool_choice)
-    kind = str(_value(choice.type)) if choice is not None else "auto"
-    parallel = not _value(getattr(choice, "disable_parallel_tool_use", None)) if choice is not None else True
+    choice = unwrap(request.tool_choice)
+    kind = str(unwrap(choice.type)) if choice is not None else "auto"
+    parallel = not unwrap(getattr(choice, "disable_parallel_tool_use", None)) if choice is not None else True
     mode = {"auto": "auto", "any": "required", "tool": "function", "none": "none"}[kind]
     _, schema = _output_config(request)
     return OutputRules(format="json_schema" if schema is not None else "text", schema=schema, tool_choice=mode,
@@ -179,28 +174,28 @@ def output_rules(request: Any, strict: frozenset[str]) -> OutputRules:
 def thinking_from(request: Any) -> Thinking:
     """`thinking`: enabled with a budget, adaptive or between_tools (output_config.effort's budget), or
     disabled; absent: the template's default, or output_config.effort's switch and budget."""
-    config = _value(getattr(request, "thinking", None))
+    config = unwrap(getattr(request, "thinking", None))
     effort, _ = _output_config(request)
     if config is None:
         return Thinking.from_effort(effort) if effort is not None else Thinking()
-    kind = str(_value(config.type))
+    kind = str(unwrap(config.type))
     if kind == "disabled":
         return Thinking(False)
-    budget = _value(getattr(config, "budget_tokens", None))
+    budget = unwrap(getattr(config, "budget_tokens", None))
     if budget is None and effort is not None:
         return Thinking(True, Thinking.from_effort(effort).budget)
     return Thinking(True, int(budget) if budget is not None else None)
 
 
 def request_from(request: Any, context_limit: int) -> tuple[ChatRequest, list[ImageRef]]:
-    turns = turns_from(getattr(request, "system", None), [_value(m) for m in _value(request.messages)])
+    turns = turns_from(getattr(request, "system", None), [unwrap(m) for m in unwrap(request.messages)])
     continue_final = bool(turns) and turns[-1].role == "assistant" and not turns[-1].tool_calls
     tools, strict = tools_from(getattr(request, "tools", None))
-    options = sampling(temperature=_value(getattr(request, "temperature", None)),
-                       top_p=_value(getattr(request, "top_p", None)), top_k=_value(getattr(request, "top_k", None)))
-    stop = [str(s) for s in _value(getattr(request, "stop_sequences", None)) or []]
+    options = sampling(temperature=unwrap(getattr(request, "temperature", None)),
+                       top_p=unwrap(getattr(request, "top_p", None)), top_k=unwrap(getattr(request, "top_k", None)))
+    stop = [str(s) for s in unwrap(getattr(request, "stop_sequences", None)) or []]
     # max_tokens is an upper bound: held to the context window, the answer stops there (max_tokens).
-    max_tokens = min(int(_value(request.max_tokens)), context_limit)
+    max_tokens = min(int(unwrap(request.max_tokens)), context_limit)
     chat = chat_request(turns, sampling=options, context_limit=context_limit, tools=tools,
                         rules=output_rules(request, strict), params=("output_config", "tool_choice"),
                         max_tokens=max_tokens,
@@ -221,11 +216,11 @@ def _model(call: Call, name: str) -> Any:
 @route(RULES)
 async def create_message(call: Call, parsed: AnthropicMessageCreateParams) -> Response | dict[str, Any]:
     request, images = request_from(parsed, call.settings.context_limit)
-    name = str(_value(parsed.model))
+    name = str(unwrap(parsed.model))
     model = _model(call, name)
     await attach_images(call.engine, request, images, model)
     events = call.engine.chat(model.id, request)
-    if _value(getattr(parsed, "stream", None)):
+    if unwrap(getattr(parsed, "stream", None)):
         events = await start_stream(events)  # errors before the first token stay plain HTTP errors
         return StreamingResponse(_sse(name, events), media_type="text/event-stream", headers=SSE_HEADERS)
     collected = [event async for event in collect_or_cancel(call.request, events)]
@@ -237,26 +232,17 @@ async def create_message(call: Call, parsed: AnthropicMessageCreateParams) -> Re
         raise Cancelled() from None
 
 
-async def _sse(model: str, events: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+def _sse(model: str, events: AsyncIterator[Any]) -> AsyncIterator[bytes]:
     stream = MessageStream(model)
-    for frame in stream.start():
-        yield sse_frame(*frame)
-    try:
-        async for event in events:
-            for frame in stream.feed(event):
-                yield sse_frame(*frame)
-    except EngineError as exc:
-        for frame in stream.failed(error_type(exc.status), exc.message):
-            yield sse_frame(*frame)
-    finally:
-        await events.aclose()
+    return event_stream(events, stream.start, stream.feed,
+                        lambda exc: stream.failed(error_type(exc.status), exc.message), sse_frame)
 
 
 @route(COUNT_RULES)
 async def count_message_tokens(call: Call, parsed: AnthropicMessageCountTokensParams) -> dict[str, Any]:
     """The prompt's tokens as /v1/messages would render it (tools and thinking switch included)."""
     request, images = request_from_count(parsed)
-    name = str(_value(parsed.model))
+    name = str(unwrap(parsed.model))
     model = _model(call, name)
     await attach_images(call.engine, request, images, model)
     switch = {"enable_thinking": request.thinking} if request.thinking is not None else {}
@@ -268,7 +254,7 @@ async def count_message_tokens(call: Call, parsed: AnthropicMessageCountTokensPa
 
 
 def request_from_count(parsed: Any) -> tuple[ChatRequest, list[ImageRef]]:
-    turns = turns_from(getattr(parsed, "system", None), [_value(m) for m in _value(parsed.messages)])
+    turns = turns_from(getattr(parsed, "system", None), [unwrap(m) for m in unwrap(parsed.messages)])
     continue_final = bool(turns) and turns[-1].role == "assistant" and not turns[-1].tool_calls
     tools, strict = tools_from(getattr(parsed, "tools", None))
     chat = chat_request(turns, sampling=sampling(), context_limit=1, tools=tools,

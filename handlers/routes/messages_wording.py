@@ -60,6 +60,6 @@ HANDLED = frozenset({
     "context_management",
 })
 COUNT_HANDLED = frozenset({"model", "messages", "system", "tools", "tool_choice", "thinking", "cache_control",
-                           "output_config", "context_management"})
+                           "output_config"})
 RULES = RouteRules(schema_error=schema_error, handled=HANDLED, unhandled=_unhandled)
 COUNT_RULES = RouteRules(schema_error=schema_error, handled=COUNT_HANDLED, unhandled=_unhandled)

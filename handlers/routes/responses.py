@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import Response
 from fastapi.responses import StreamingResponse
 
-from swama.engine.client import Cancelled, ChatRequest, EngineError, Finished, Task
+from swama.engine.client import Cancelled, ChatRequest, Finished, Task
 from swama.generated.openai_models import (
     CreateResponse,
     ResponsesRequestFunctionCallItem,
@@ -27,7 +27,7 @@ from swama.generated.openai_models import (
     ResponsesRequestTextFormatJsonSchema,
 )
 from swama.handlers.http.pipeline import Call, route
-from swama.handlers.http.streaming import collect_or_cancel, start_stream
+from swama.handlers.http.streaming import collect_or_cancel, event_stream, start_stream
 from swama.handlers.media.images import ImageRef, valid_image_url
 from swama.handlers.routes.responses_render import (
     SSE_HEADERS,
@@ -181,16 +181,6 @@ async def create_response(call: Call, parsed: CreateResponse) -> Response | dict
     return final_response(request, collected)
 
 
-async def _sse(request: ResponseRequest, events: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+def _sse(request: ResponseRequest, events: AsyncIterator[Any]) -> AsyncIterator[bytes]:
     stream = ResponseStream(request)
-    for frame in stream.start():
-        yield sse_frame(*frame)
-    try:
-        async for event in events:
-            for frame in stream.feed(event):
-                yield sse_frame(*frame)
-    except EngineError as exc:
-        for frame in stream.failed(exc.message):
-            yield sse_frame(*frame)
-    finally:
-        await events.aclose()
+    return event_stream(events, stream.start, stream.feed, lambda exc: stream.failed(exc.message), sse_frame)

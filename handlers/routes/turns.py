@@ -9,6 +9,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import pydantic
+
 from swama.engine.client import (
     ChatRequest,
     Constraint,
@@ -25,6 +27,13 @@ from swama.handlers.http.errors import bad_request
 from swama.handlers.media.images import ImageRef, load_images, open_images
 
 EMPTY_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
+
+
+def unwrap(node: Any) -> Any:
+    """A generated RootModel's value (the generator wraps unions and `X | null` fields in one)."""
+    while isinstance(node, pydantic.RootModel):
+        node = node.root
+    return node
 
 
 @dataclass

@@ -67,7 +67,8 @@ REFUSED = [
     (am.AnthropicMessageCreateParams, {"model": "m", "messages": MESSAGE["messages"]}),  # max_tokens required
     (am.AnthropicMessageCreateParams, merged(MESSAGE, stream="true")),
     (am.AnthropicMessageCreateParams, merged(MESSAGE, temperature=1.5)),
-    (am.AnthropicMessageCreateParams, merged(MESSAGE, messages=[{"role": "system", "content": "x"}])),
+    (am.AnthropicMessageCreateParams, merged(MESSAGE, messages=[{"role": "system", "content": [{"type": "image"}]}])),
+    (am.AnthropicMessageCreateParams, merged(MESSAGE, context_management={"edits": [{"type": "compact_20260112"}]})),
     (am.AnthropicMessageCreateParams, merged(MESSAGE, messages=blocks(
         {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}}))),
     (am.AnthropicMessageCreateParams, merged(MESSAGE, messages=blocks(
@@ -94,6 +95,9 @@ ACCEPTED = [
     (om.CreateResponse, {"model": "m", "input": "x", "tools": [{"type": "web_search",
                                                                 "external_web_access": False}]}),
     (am.AnthropicMessageCreateParams, merged(MESSAGE, stream=True, temperature=0.5, top_p=1, top_k=40)),
+    (am.AnthropicMessageCreateParams, merged(MESSAGE, messages=[*MESSAGE["messages"], {"role": "system", "content": "x"}],
+                                             context_management={"edits": [{"type": "clear_thinking_20251015",
+                                                                            "keep": "all"}]})),
     (am.AnthropicMessageCreateParams, merged(
         MESSAGE, system=[{"type": "text", "text": "s", "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
         messages=[
