@@ -45,9 +45,9 @@ class AnthropicBase64ImageSourceParam(BaseModel):
 
 
 class AnthropicBase64ImageSourceParamMediaType(StrEnum):
+    image_gif = "image/gif"
     image_jpeg = "image/jpeg"
     image_png = "image/png"
-    image_gif = "image/gif"
     image_webp = "image/webp"
 
 
@@ -68,8 +68,8 @@ class AnthropicCacheControlEphemeralParam(BaseModel):
 
 
 class AnthropicCacheControlEphemeralParamTtl(StrEnum):
-    field_5m = "5m"
     field_1h = "1h"
+    field_5m = "5m"
 
 
 class AnthropicCacheCreation(BaseModel):
@@ -170,11 +170,11 @@ class AnthropicDelta(BaseModel):
 class AnthropicDeltaStopReason(StrEnum):
     end_turn = "end_turn"
     max_tokens = "max_tokens"
-    stop_sequence = "stop_sequence"
-    tool_use = "tool_use"
+    model_context_window_exceeded = "model_context_window_exceeded"
     pause_turn = "pause_turn"
     refusal = "refusal"
-    model_context_window_exceeded = "model_context_window_exceeded"
+    stop_sequence = "stop_sequence"
+    tool_use = "tool_use"
 
 
 class AnthropicDiagnostics(BaseModel):
@@ -334,8 +334,8 @@ class AnthropicMessageCountTokensParams(BaseModel):
 
 
 class AnthropicMessageCountTokensParamsSpeed(StrEnum):
-    standard = "standard"
     fast = "fast"
+    standard = "standard"
 
 
 class AnthropicMessageCreateParams(BaseModel):
@@ -447,28 +447,28 @@ class AnthropicMessageDeltaUsage(BaseModel):
 
 
 class AnthropicMessageModel(StrEnum):
-    claude_fable_5_2 = "claude-fable-5-2"
-    claude_mythos_5_2 = "claude-mythos-5-2"
-    claude_haiku_5_5 = "claude-haiku-5-5"
-    claude_sonnet_5_5 = "claude-sonnet-5-5"
-    claude_fable_5_1 = "claude-fable-5-1"
-    claude_opus_5_5 = "claude-opus-5-5"
-    claude_mythos_5_1 = "claude-mythos-5-1"
-    claude_sonnet_5 = "claude-sonnet-5"
     claude_fable_5 = "claude-fable-5"
-    claude_mythos_5 = "claude-mythos-5"
-    claude_opus_5 = "claude-opus-5"
-    claude_opus_4_8 = "claude-opus-4-8"
-    claude_opus_4_7 = "claude-opus-4-7"
-    claude_mythos_preview = "claude-mythos-preview"
-    claude_opus_4_6 = "claude-opus-4-6"
-    claude_sonnet_4_6 = "claude-sonnet-4-6"
+    claude_fable_5_1 = "claude-fable-5-1"
+    claude_fable_5_2 = "claude-fable-5-2"
     claude_haiku_4_5 = "claude-haiku-4-5"
     claude_haiku_4_5_20251001 = "claude-haiku-4-5-20251001"
+    claude_haiku_5_5 = "claude-haiku-5-5"
+    claude_mythos_5 = "claude-mythos-5"
+    claude_mythos_5_1 = "claude-mythos-5-1"
+    claude_mythos_5_2 = "claude-mythos-5-2"
+    claude_mythos_preview = "claude-mythos-preview"
     claude_opus_4_5 = "claude-opus-4-5"
     claude_opus_4_5_20251101 = "claude-opus-4-5-20251101"
+    claude_opus_4_6 = "claude-opus-4-6"
+    claude_opus_4_7 = "claude-opus-4-7"
+    claude_opus_4_8 = "claude-opus-4-8"
+    claude_opus_5 = "claude-opus-5"
+    claude_opus_5_5 = "claude-opus-5-5"
     claude_sonnet_4_5 = "claude-sonnet-4-5"
     claude_sonnet_4_5_20250929 = "claude-sonnet-4-5-20250929"
+    claude_sonnet_4_6 = "claude-sonnet-4-6"
+    claude_sonnet_5 = "claude-sonnet-5"
+    claude_sonnet_5_5 = "claude-sonnet-5-5"
 
 
 class AnthropicMessageParam(BaseModel):
@@ -487,11 +487,11 @@ class AnthropicMessageParamRole(StrEnum):
 class AnthropicMessageStopReason(StrEnum):
     end_turn = "end_turn"
     max_tokens = "max_tokens"
-    stop_sequence = "stop_sequence"
-    tool_use = "tool_use"
+    model_context_window_exceeded = "model_context_window_exceeded"
     pause_turn = "pause_turn"
     refusal = "refusal"
-    model_context_window_exceeded = "model_context_window_exceeded"
+    stop_sequence = "stop_sequence"
+    tool_use = "tool_use"
 
 
 class AnthropicMessageTokensCount(BaseModel):
@@ -525,11 +525,11 @@ class AnthropicOutputConfigParam(BaseModel):
 
 
 class AnthropicOutputConfigParamEffort(StrEnum):
-    low = "low"
-    medium = "medium"
     high = "high"
-    xhigh = "xhigh"
+    low = "low"
     max = "max"
+    medium = "medium"
+    xhigh = "xhigh"
 
 
 class AnthropicOutputTokensDetails(BaseModel):
@@ -653,11 +653,11 @@ class AnthropicRefusalStopDetails(BaseModel):
 
 
 class AnthropicRefusalStopDetailsCategory(StrEnum):
-    cyber = "cyber"
     bio = "bio"
+    cyber = "cyber"
     frontier_llm = "frontier_llm"
-    reasoning_extraction = "reasoning_extraction"
     general_harms = "general_harms"
+    reasoning_extraction = "reasoning_extraction"
 
 
 class AnthropicRequestTooLargeErrorObject(BaseModel):
@@ -768,8 +768,8 @@ class AnthropicThinkingConfigAdaptiveParam(BaseModel):
 
 
 class AnthropicThinkingConfigAdaptiveParamDisplay(StrEnum):
-    summarized = "summarized"
     omitted = "omitted"
+    summarized = "summarized"
 
 
 class AnthropicThinkingConfigBetweenToolsParam(BaseModel):
@@ -796,8 +796,8 @@ class AnthropicThinkingConfigEnabledParam(BaseModel):
 
 
 class AnthropicThinkingConfigEnabledParamDisplay(StrEnum):
-    summarized = "summarized"
     omitted = "omitted"
+    summarized = "summarized"
 
 
 class AnthropicThinkingDelta(BaseModel):
@@ -857,10 +857,10 @@ class AnthropicToolParam(BaseModel):
 
 
 class AnthropicToolParamAllowedCaller(StrEnum):
-    direct = "direct"
     code_execution_20250825 = "code_execution_20250825"
     code_execution_20260120 = "code_execution_20260120"
     code_execution_20260521 = "code_execution_20260521"
+    direct = "direct"
 
 
 class AnthropicToolParamType(StrEnum):
@@ -962,11 +962,11 @@ class AnthropicUsage(BaseModel):
 
 
 class AnthropicUsageServiceTier(StrEnum):
-    standard = "standard"
-    priority = "priority"
     batch = "batch"
+    priority = "priority"
+    standard = "standard"
 
 
 class AnthropicUsageSpeed(StrEnum):
-    standard = "standard"
     fast = "fast"
+    standard = "standard"

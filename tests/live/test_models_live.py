@@ -29,7 +29,7 @@ def test_typesafe_sdk_lists_the_catalog(model_server: LiveServer) -> None:
         catalog = ts.models.list().models
     names = [m.name for m in catalog]
     # The server was started with smollm2, so System One's default name leads the list and means it.
-    assert names == ["jev-latest", SMOL, TINY, "test/tiny-qwen3-thinking", "test/tiny-opening-thinker"]
+    assert names == ["jev-latest", SMOL, "test/tiny-opening-thinker", TINY, "test/tiny-qwen3-thinking"]
     assert SMOL in catalog[0].description
     for entry in catalog:
         dt.date.fromisoformat(entry.release_date)

@@ -248,6 +248,19 @@ def _close_objects(node: Any, names: bool = False) -> None:
             _close_objects(value)
 
 
+def _sort_enums(node: Any) -> None:
+    """Enums in a fixed order: typing caches `Literal[...]` by its set of values, so the order pydantic
+    writes depends on which module spelled an equal Literal first, that is on import order."""
+    if isinstance(node, dict):
+        if isinstance(node.get("enum"), list) and all(isinstance(v, str) for v in node["enum"]):
+            node["enum"] = sorted(node["enum"])
+        for value in node.values():
+            _sort_enums(value)
+    elif isinstance(node, list):
+        for value in node:
+            _sort_enums(value)
+
+
 def _const_tag(schemas: dict[str, Any], member: Any, prop: str) -> Any:
     if not isinstance(member, dict) or set(member) != {"$ref"}:
         return None
@@ -293,6 +306,7 @@ def build_document() -> dict[str, Any]:
     create = schemas["MessageCreateParams"]
     create["properties"]["stream"] = {"type": "boolean"}
     _close_objects(schemas, names=True)
+    _sort_enums(schemas)
     _discriminate(schemas, schemas)
     stream = {
         "type": "object",
