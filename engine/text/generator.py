@@ -30,6 +30,8 @@ from swama.engine.text.tool_calls import DEFAULT_FORMAT, ToolCall, ToolCallSplit
 DEFAULT_TEMPERATURE = 0.6
 DEFAULT_TOP_P = 1.0
 OUT_OF_RANGE = "Generation options are outside their supported ranges."
+THINKING_AND_GRAMMAR = ("Thinking and a structured answer (a JSON format or forced tool calls) cannot both hold: the "
+                        "answer is held to its grammar from the first token. Turn thinking off or drop the format.")
 
 
 @dataclass(frozen=True)
@@ -149,8 +151,13 @@ def prepare(model: LoadedModel, request: ChatRequest) -> Prompt:
         raise BadInput(IMAGES_NEED_VISION, code="invalid_image")
     found = markers(model)
     thinking = request.thinking
-    if found is not None and thinking is None and request.constraint is not None:
-        thinking = False  # a constrained answer leaves no room for a think block
+    # A JSON answer or forced tool calls are held to a grammar from the first token: no room for a think
+    # block (calls with strict arguments only constrain the call, so thinking may come before it).
+    whole = request.constraint is not None and request.constraint.kind != "tool_arguments"
+    if found is not None and whole:
+        if thinking:
+            raise BadInput(THINKING_AND_GRAMMAR)
+        thinking = False
     options: dict[str, Any] = {}
     if found is not None and thinking is not None:
         options["enable_thinking"] = thinking

@@ -172,8 +172,8 @@ def output_rules(request: Any, strict: frozenset[str]) -> OutputRules:
 
 
 def thinking_from(request: Any) -> Thinking:
-    """`thinking`: enabled with a budget, adaptive or between_tools (output_config.effort's budget), or
-    disabled; absent: the template's default, or output_config.effort's switch and budget."""
+    """`thinking`: enabled (on, with its budget), adaptive or between_tools (the template's default, within
+    output_config.effort's budget), or disabled; absent: as for adaptive."""
     config = unwrap(getattr(request, "thinking", None))
     effort, _ = _output_config(request)
     if config is None:
@@ -182,9 +182,10 @@ def thinking_from(request: Any) -> Thinking:
     if kind == "disabled":
         return Thinking(False)
     budget = unwrap(getattr(config, "budget_tokens", None))
-    if budget is None and effort is not None:
-        return Thinking(True, Thinking.from_effort(effort).budget)
-    return Thinking(True, int(budget) if budget is not None else None)
+    if budget is not None:  # enabled: thinking asked for, with its budget
+        return Thinking(True, int(budget))
+    # adaptive, between_tools: the model thinks as its template does, within output_config's effort
+    return Thinking(None, Thinking.from_effort(effort).budget if effort is not None else None)
 
 
 def request_from(request: Any, context_limit: int) -> tuple[ChatRequest, list[ImageRef]]:

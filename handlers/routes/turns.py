@@ -183,9 +183,11 @@ class Thinking:
 
     @classmethod
     def from_effort(cls, name: str | None, switch: bool | None = None) -> Thinking:
-        """An OpenAI effort name (engine EFFORT_BUDGETS); an explicit switch wins over the effort's."""
+        """An effort name (engine EFFORT_BUDGETS): none/minimal turn thinking off; the others bound it
+        and leave the switch to the template (which thinks, for a model that does), so a request held
+        to a grammar still simply does not think. An explicit switch wins over the effort's."""
         on, budget = effort(name)
-        on = switch if switch is not None else on
+        on = switch if switch is not None else (False if on is False else None)
         return cls(on, budget if on is not False else None)
 
 

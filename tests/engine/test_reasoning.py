@@ -12,6 +12,7 @@ import pytest
 from swama.engine.decisions.decide import DecisionJob
 from swama.engine.decisions.decide import prepare as prepare_decisions
 from swama.engine.decisions.scorer.questions import decision_choice_view, predicate_view
+from swama.engine.errors import BadInput
 from swama.engine.model import LoadedModel
 from swama.engine.serving.scheduler import Scheduler
 from swama.engine.text.generator import (
@@ -25,6 +26,7 @@ from swama.engine.text.generator import (
     generate,
     prepare,
 )
+from swama.engine.text.grammar import Constraint, ToolSpec
 from swama.engine.text.language import load_language_model
 from swama.engine.text.reasoning import ReasoningSplitter, ThinkMarkers, markers
 
@@ -179,3 +181,14 @@ def test_tool_calls_after_thinking_parse_as_before(thinker: LoadedModel) -> None
     calls = [e.call for e in events if isinstance(e, ToolCallEvent)]
     assert [(c.name, c.arguments) for c in calls] == [("get_weather", '{"city": "Paris"}')]
     assert not [e for e in events if isinstance(e, TextDelta)] and events[-1].finish_reason == "tool_calls"
+
+
+def test_a_grammar_from_the_first_token_leaves_no_room_for_thinking(thinker: LoadedModel) -> None:
+    json_answer = Constraint("json_object")
+    # Not asked: the template renders thinking off, so the answer (held to JSON) starts at once.
+    assert prepare(thinker, ask(constraint=json_answer)).text.endswith("<think>\n\n</think>\n\n")
+    with pytest.raises(BadInput, match="^Thinking and a structured answer"):
+        prepare(thinker, ask(constraint=json_answer, thinking=True))
+    # Strict tool arguments constrain only the call: thinking may come first.
+    strict = Constraint("tool_arguments", tools=(ToolSpec("f", '{"type": "object"}', True),))
+    assert prepare(thinker, ask(constraint=strict)).text.endswith("<|im_start|>assistant\n")
