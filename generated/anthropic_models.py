@@ -555,6 +555,13 @@ class AnthropicPermissionErrorObject(BaseModel):
     type: Literal["permission_error"]
 
 
+class AnthropicPingEvent(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    type: Literal["ping"]
+
+
 class AnthropicRateLimitErrorObject(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
