@@ -18,7 +18,10 @@ POST_ROUTES = ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/
                "/v1/audio/transcriptions", "/v1/audio/speech", "/v1/decisions", "/v1/systemone",
                *(route.replace("{account_id}", "acct") for route in CLEF_ROUTES),
                # vLLM's tokenizer routes (their own spec document), answered in the OpenAI envelope.
-               "/tokenize", "/detokenize"]
+               "/tokenize", "/detokenize",
+               # Anthropic's Messages API, answered in Anthropic's envelope.
+               "/v1/messages", "/v1/messages/count_tokens"]
+ANTHROPIC_ROUTES = {"/v1/messages", "/v1/messages/count_tokens"}
 OPENAI_ROUTES = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings",
                  "/v1/audio/transcriptions", "/v1/audio/speech", "/tokenize", "/detokenize"}
 MiB = 1024 * 1024
@@ -31,6 +34,12 @@ def assert_error_shape(path: str, response: httpx.Response) -> str:
         (error,) = body["errors"]
         assert set(error) == {"code", "message"} and isinstance(error["code"], int)
         return error["message"]
+    if path in ANTHROPIC_ROUTES:
+        assert set(body) == {"type", "error"} and body["type"] == "error" and set(body["error"]) == {"message", "type"}
+        kinds = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                 413: "request_too_large", 415: "invalid_request_error"}
+        assert body["error"]["type"] == kinds[response.status_code]
+        return body["error"]["message"]
     if path in OPENAI_ROUTES:
         assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
         assert isinstance(body["error"]["code"], str)
