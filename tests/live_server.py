@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -60,3 +61,20 @@ def start_server(models_root: Path, log: Path, *args: str, env: dict[str, str] |
         time.sleep(0.2)
     proc.kill()
     raise RuntimeError(f"server did not start:\n{log.read_text(errors='replace')}")
+
+
+def npm_binary(prefix: Path, package: str, binary: str, timeout: float = 900) -> Path:
+    """`binary` of the npm `package` (name@version), installed under `prefix` once; a failure to install
+    fails the test as a set-up failure."""
+    import pytest
+
+    path = prefix / "node_modules" / ".bin" / binary
+    if not path.exists():
+        npm = shutil.which("npm")
+        if npm is None:
+            pytest.fail(f"set-up failure: npm is not installed, so {package} cannot be installed")
+        out = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(prefix), package],
+                             capture_output=True, text=True, timeout=timeout)
+        if out.returncode != 0:
+            pytest.fail(f"set-up failure: npm could not install {package}:\n{out.stderr[-2000:]}")
+    return path

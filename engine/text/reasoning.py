@@ -155,6 +155,8 @@ class ThinkingBudget:
     def __init__(self, tokenizer: Any, found: ThinkMarkers, opened: bool, budget: int) -> None:
         self.tokenizer = tokenizer
         self.found = found
+        # How many recent tokens can hold each marker (a few beside it: merges at its edges).
+        self.windows = {m: len(tokenizer.encode(m, add_special_tokens=False)) + 2 for m in (found.start, found.end)}
         self.budget = budget
         self.state = "inside" if opened else "before"  # before | inside | forcing | done
         self.calls = 0
@@ -163,8 +165,7 @@ class ThinkingBudget:
         self.forced = 0  # closing tokens forced so far
 
     def _saw(self, marker: str) -> bool:
-        window = len(self.tokenizer.encode(marker, add_special_tokens=False)) + 2
-        return marker in self.tokenizer.decode(self.recent[-window:])
+        return marker in self.tokenizer.decode(self.recent[-self.windows[marker]:])
 
     def __call__(self, tokens: Any, logits: Any) -> Any:
         import mlx.core as mx

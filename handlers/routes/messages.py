@@ -189,6 +189,8 @@ def thinking_from(request: Any) -> Thinking:
 
 
 def request_from(request: Any, context_limit: int) -> tuple[ChatRequest, list[ImageRef]]:
+    """A create (or count_tokens) request as the generator's ChatRequest; fields count_tokens lacks
+    (max_tokens, stop_sequences, sampling) are read as absent."""
     turns = turns_from(getattr(request, "system", None), [unwrap(m) for m in unwrap(request.messages)])
     continue_final = bool(turns) and turns[-1].role == "assistant" and not turns[-1].tool_calls
     tools, strict = tools_from(getattr(request, "tools", None))
@@ -196,11 +198,12 @@ def request_from(request: Any, context_limit: int) -> tuple[ChatRequest, list[Im
                        top_p=unwrap(getattr(request, "top_p", None)), top_k=unwrap(getattr(request, "top_k", None)))
     stop = [str(s) for s in unwrap(getattr(request, "stop_sequences", None)) or []]
     # max_tokens is an upper bound: held to the context window, the answer stops there (max_tokens).
-    max_tokens = min(int(unwrap(request.max_tokens)), context_limit)
+    asked = unwrap(getattr(request, "max_tokens", None))
+    max_tokens = min(int(asked), context_limit) if asked is not None else None
     chat = chat_request(turns, sampling=options, context_limit=context_limit, tools=tools,
                         rules=output_rules(request, strict), params=("output_config", "tool_choice"),
-                        max_tokens=max_tokens,
-                        stop=stop, thinking=thinking_from(request), continue_final=continue_final)
+                        max_tokens=max_tokens, stop=stop, thinking=thinking_from(request),
+                        continue_final=continue_final)
     return chat, image_refs(turns)
 
 
@@ -242,7 +245,7 @@ def _sse(model: str, events: AsyncIterator[Any]) -> AsyncIterator[bytes]:
 @route(COUNT_RULES)
 async def count_message_tokens(call: Call, parsed: AnthropicMessageCountTokensParams) -> dict[str, Any]:
     """The prompt's tokens as /v1/messages would render it (tools and thinking switch included)."""
-    request, images = request_from_count(parsed)
+    request, images = request_from(parsed, call.settings.context_limit)
     name = str(unwrap(parsed.model))
     model = _model(call, name)
     await attach_images(call.engine, request, images, model)
@@ -252,13 +255,3 @@ async def count_message_tokens(call: Call, parsed: AnthropicMessageCountTokensPa
                       continue_final_message=request.continue_final, template_kwargs=switch)
     tokenized = await call.engine.tokenize(model.id, job)
     return {"input_tokens": len(tokenized.ids)}
-
-
-def request_from_count(parsed: Any) -> tuple[ChatRequest, list[ImageRef]]:
-    turns = turns_from(getattr(parsed, "system", None), [unwrap(m) for m in unwrap(parsed.messages)])
-    continue_final = bool(turns) and turns[-1].role == "assistant" and not turns[-1].tool_calls
-    tools, strict = tools_from(getattr(parsed, "tools", None))
-    chat = chat_request(turns, sampling=sampling(), context_limit=1, tools=tools,
-                        rules=output_rules(parsed, strict), params=(None, "tool_choice"),
-                        thinking=thinking_from(parsed), continue_final=continue_final)
-    return chat, image_refs(turns)

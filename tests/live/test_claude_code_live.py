@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import httpx
 import pytest
 
-from live_server import LiveServer
+from live_server import LiveServer, npm_binary
 
 CLAUDE_CODE_VERSION = "2.1.328"
 
@@ -24,18 +23,8 @@ CLAUDE_CODE_VERSION = "2.1.328"
 @pytest.fixture(scope="session")
 def claude_code(model_cache_dir: Path) -> Path:
     """Claude Code from npm, installed into the test cache (a failure here is a set-up failure)."""
-    prefix = model_cache_dir.parent / "claude-code"
-    binary = prefix / "node_modules" / ".bin" / "claude"
-    if not binary.exists():
-        npm = shutil.which("npm")
-        if npm is None:
-            pytest.fail("set-up failure: npm is not installed, so Claude Code cannot be installed")
-        out = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(prefix),
-                              f"@anthropic-ai/claude-code@{CLAUDE_CODE_VERSION}"], capture_output=True, text=True,
-                             timeout=900)
-        if out.returncode != 0:
-            pytest.fail(f"set-up failure: npm could not install @anthropic-ai/claude-code:\n{out.stderr[-2000:]}")
-    return binary
+    return npm_binary(model_cache_dir.parent / "claude-code", f"@anthropic-ai/claude-code@{CLAUDE_CODE_VERSION}",
+                      "claude")
 
 
 def _count(server: LiveServer, status: str) -> float:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from live_server import LiveServer, start_server
+from live_server import LiveServer, npm_binary, start_server
 from swama.generated import openai_models as om
 
 SMOL = "smollm2"
@@ -115,17 +114,7 @@ def test_nothing_is_stored(model_server: LiveServer) -> None:
 @pytest.fixture(scope="session")
 def codex(model_cache_dir: Path) -> Path:
     """The Codex CLI from npm, installed into the test cache (a failure here is a set-up failure)."""
-    prefix = model_cache_dir.parent / "codex"
-    binary = prefix / "node_modules" / ".bin" / "codex"
-    if not binary.exists():
-        npm = shutil.which("npm")
-        if npm is None:
-            pytest.fail("set-up failure: npm is not installed, so the Codex CLI cannot be installed")
-        out = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(prefix),
-                              f"@openai/codex@{CODEX_VERSION}"], capture_output=True, text=True, timeout=600)
-        if out.returncode != 0:
-            pytest.fail(f"set-up failure: npm could not install @openai/codex:\n{out.stderr[-2000:]}")
-    return binary
+    return npm_binary(model_cache_dir.parent / "codex", f"@openai/codex@{CODEX_VERSION}", "codex")
 
 
 def test_codex_cli_end_to_end(codex: Path, model_store: Path, tmp_path: Path) -> None:
