@@ -21,9 +21,29 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from swama.engine.decisions.adjust.fit import (
+    ReliabilityBin,
+    accuracy,
+    apply_temperature,
+    brier_score,
+    expected_calibration_error,
+    fit_temperature,
+    reliability_bins,
+)
+from swama.engine.decisions.adjust.methods import (
+    CALIBRATION_METHODS,
+    DEBIAS_METHODS,
+    Adjustment,
+    Applied,
+    Calibration,
+    Debias,
+)
+from swama.engine.decisions.adjust.plan import order_shifts, position_prior, shifted
+from swama.engine.decisions.adjust.store import CalibrationFile, Prior, read_calibration, write_calibration
 from swama.engine.decisions.checkpoints import CheckpointResult
 from swama.engine.decisions.decide import DecisionJob, DecisionResult
 from swama.engine.decisions.scorer import (
+    PROMPT_FORMAT_VERSION,
     QuestionKind,
     QuestionView,
     ScoredAnswer,
@@ -108,24 +128,27 @@ __all__ = [
     "EXIT_GROUP_FAILED", "FAILURE_LINE", "READY_LINE", "STARTUP_TIMEOUT", "GroupFailed", "RankGroup", "current_group",
     "follow_group", "group_backend", "join_group", "split_of",
     # constants
-    "CLIENT_CLOSED", "DECISION", "DEFAULT_MODEL", "DEFAULT_TEMPERATURE", "DEFAULT_TOP_P", "DEVICE_CHOICES",
+    "CALIBRATION_METHODS", "CLIENT_CLOSED", "DEBIAS_METHODS", "DECISION", "DEFAULT_MODEL", "DEFAULT_TEMPERATURE", "DEFAULT_TOP_P", "DEVICE_CHOICES",
     "DTYPE_CHOICES", "EFFORT_BUDGETS", "EMBEDDING", "IMAGES_NEED_VISION", "KINDS", "LANGUAGE", "MAX_TOP_LOGPROBS", "NO_SPEECH",
     "OUT_OF_RANGE",
     "SAMPLE_RATE", "SPEECH_TO_TEXT", "TEXT_TO_SPEECH", "VISION",
     # types and errors
-    "AliasEntry", "BadInput", "Busy", "Cancelled", "ChatRequest", "CheckpointResult", "Constraint", "ContextTooLong",
-    "DecisionError", "DecisionJob", "DecisionResult", "Embeddings", "EngineClient", "EngineError",
+    "Adjustment", "AliasEntry", "Applied", "BadInput", "Busy", "Calibration", "CalibrationFile", "Cancelled", "ChatRequest", "CheckpointResult", "Constraint", "ContextTooLong",
+    "Debias", "DecisionError", "DecisionJob", "DecisionResult", "Embeddings", "EngineClient", "EngineError",
     "EngineSettings", "EngineStatus", "Event", "Finished", "InstalledModel", "LoadFailed", "Logprobs",
     "ModelFileError",
-    "ModelFiles", "NotFound", "QuestionKind", "QuestionView", "ReasoningDelta", "RuntimeSettings", "Sampling", "ScoredAnswer",
+    "ModelFiles", "NotFound", "Prior", "QuestionKind", "QuestionView", "ReasoningDelta", "RuntimeSettings", "Sampling", "ScoredAnswer",
     "SettingsError", "SpeechSegment", "StoreSettings", "Task", "TextDelta", "TokenLogprob", "TokenizeJob", "Tokenized", "ToolCall",
     "ToolCallEvent", "ToolSpec", "TopLogprob",
     "Transcript", "TranscriptSegment", "Unavailable", "Voices", "WrongModel",
     # functions
     "check_choice_option_names", "choice_options_message", "decision_choice_view", "decision_score_view",
     "default_of", "effort", "env_of", "flag_of", "model_files", "noul_view", "open_engine", "option", "predicate_view",
-    "prepare_process", "read", "render_text", "require", "startup_note", "systemone_choice_view",
-    "systemone_score_view",
+    "prepare_process", "read", "read_calibration", "render_text", "require", "startup_note", "systemone_choice_view",
+    "systemone_score_view", "write_calibration",
+    # decision calibration: fitting and measuring it (swama calibrate)
+    "PROMPT_FORMAT_VERSION", "ReliabilityBin", "accuracy", "apply_temperature", "brier_score",
+    "expected_calibration_error", "fit_temperature", "order_shifts", "position_prior", "reliability_bins", "shifted",
 ]
 
 

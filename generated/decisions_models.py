@@ -30,6 +30,7 @@ class DecisionChoiceAnswer(BaseModel):
     choice: DecisionChoiceValue
     probabilities: Annotated[list[DecisionChoiceProbability], Field(max_length=2000)]
     confidence: StrictFloat
+    x_adjustment: SwamaDecisionAdjustment | None = None
 
 
 class DecisionChoiceOption(BaseModel):
@@ -55,6 +56,8 @@ class DecisionChoiceQuestion(BaseModel):
         StrictStr, Field(min_length=1, pattern="[^\\s\\x1c-\\x1f\\x85]")
     ]
     choices: Annotated[list[DecisionChoiceOption], Field(max_length=255, min_length=2)]
+    x_debias: SwamaDebias | None = None
+    x_calibration: SwamaCalibration | None = None
 
 
 class DecisionChoiceValue(RootModel[StrictStr | StrictBool]):
@@ -72,6 +75,8 @@ class DecisionCreateRequest(BaseModel):
     ]
     questions: Annotated[list[DecisionQuestion], Field(max_length=200, min_length=1)]
     safety_identifier: Annotated[StrictStr | None, Field(max_length=128)] = None
+    x_debias: SwamaDebias | None = None
+    x_calibration: SwamaCalibration | None = None
 
 
 class DecisionErrorResponse(BaseModel):
@@ -130,6 +135,7 @@ class DecisionPredicateAnswer(BaseModel):
     type: Literal["predicate"]
     name: StrictStr | None
     probability: StrictFloat
+    x_adjustment: SwamaDecisionAdjustment | None = None
 
 
 class DecisionPredicateQuestion(BaseModel):
@@ -141,6 +147,7 @@ class DecisionPredicateQuestion(BaseModel):
     instructions: Annotated[
         StrictStr, Field(min_length=1, pattern="[^\\s\\x1c-\\x1f\\x85]")
     ]
+    x_calibration: SwamaCalibration | None = None
 
 
 class DecisionRefusalAnswer(BaseModel):
@@ -154,6 +161,7 @@ class DecisionScoreAnswer(BaseModel):
     score: StrictFloat
     probabilities: list[DecisionScoreProbability]
     confidence: StrictFloat
+    x_adjustment: SwamaDecisionAdjustment | None = None
 
 
 class DecisionAnswer(
@@ -194,6 +202,7 @@ class DecisionScoreQuestion(BaseModel):
         StrictStr, Field(min_length=1, pattern="[^\\s\\x1c-\\x1f\\x85]")
     ]
     levels: Annotated[list[DecisionScoreLevel], Field(max_length=10, min_length=2)]
+    x_calibration: SwamaCalibration | None = None
 
 
 class DecisionQuestion(
@@ -225,3 +234,60 @@ class DecisionUsageInputTokensDetails(BaseModel):
 
 class DecisionUsageOutputTokensDetails(BaseModel):
     reasoning_tokens: JSONInt
+
+
+class SwamaCalibration(StrEnum):
+    none = "none"
+    contextual = "contextual"
+    fitted = "fitted"
+
+
+class SwamaDebias(StrEnum):
+    none = "none"
+    permute = "permute"
+    prior = "prior"
+
+
+class SwamaDecisionAdjustment(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    debias: SwamaDecisionAdjustmentDebias
+    calibration: SwamaDecisionAdjustmentCalibration
+    orders: Annotated[JSONInt, Field(ge=1)]
+    raw_probabilities: list[SwamaDecisionAdjustmentRawProbability]
+    prior: list[SwamaDecisionAdjustmentPriorItem] | None = None
+    prior_questions: Annotated[JSONInt | None, Field(ge=0)] = None
+    prior_source: SwamaDecisionAdjustmentPriorSource | None = None
+    content_free: list[SwamaDecisionAdjustmentContentFreeItem] | None = None
+    temperature: Annotated[StrictFloat | None, Field(gt=0.0)] = None
+
+
+class SwamaDecisionAdjustmentCalibration(StrEnum):
+    none = "none"
+    contextual = "contextual"
+    fitted = "fitted"
+
+
+class SwamaDecisionAdjustmentContentFreeItem(RootModel[StrictFloat]):
+    root: Annotated[StrictFloat, Field(ge=0.0, le=1.0)]
+
+
+class SwamaDecisionAdjustmentDebias(StrEnum):
+    none = "none"
+    permute = "permute"
+    prior = "prior"
+
+
+class SwamaDecisionAdjustmentPriorItem(RootModel[StrictFloat]):
+    root: Annotated[StrictFloat, Field(ge=0.0, le=1.0)]
+
+
+class SwamaDecisionAdjustmentPriorSource(StrEnum):
+    file = "file"
+    estimated = "estimated"
+    estimating = "estimating"
+
+
+class SwamaDecisionAdjustmentRawProbability(RootModel[StrictFloat]):
+    root: Annotated[StrictFloat, Field(ge=0.0, le=1.0)]

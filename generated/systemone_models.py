@@ -18,6 +18,63 @@ from pydantic import (
 )
 
 
+class SwamaCalibration(StrEnum):
+    none = "none"
+    contextual = "contextual"
+    fitted = "fitted"
+
+
+class SwamaDebias(StrEnum):
+    none = "none"
+    permute = "permute"
+    prior = "prior"
+
+
+class SwamaDecisionAdjustment(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    debias: SwamaDecisionAdjustmentDebias
+    calibration: SwamaDecisionAdjustmentCalibration
+    orders: Annotated[JSONInt, Field(ge=1)]
+    raw_probabilities: list[SwamaDecisionAdjustmentRawProbability]
+    prior: list[SwamaDecisionAdjustmentPriorItem] | None = None
+    prior_questions: Annotated[JSONInt | None, Field(ge=0)] = None
+    prior_source: SwamaDecisionAdjustmentPriorSource | None = None
+    content_free: list[SwamaDecisionAdjustmentContentFreeItem] | None = None
+    temperature: Annotated[StrictFloat | None, Field(gt=0.0)] = None
+
+
+class SwamaDecisionAdjustmentCalibration(StrEnum):
+    none = "none"
+    contextual = "contextual"
+    fitted = "fitted"
+
+
+class SwamaDecisionAdjustmentContentFreeItem(RootModel[StrictFloat]):
+    root: Annotated[StrictFloat, Field(ge=0.0, le=1.0)]
+
+
+class SwamaDecisionAdjustmentDebias(StrEnum):
+    none = "none"
+    permute = "permute"
+    prior = "prior"
+
+
+class SwamaDecisionAdjustmentPriorItem(RootModel[StrictFloat]):
+    root: Annotated[StrictFloat, Field(ge=0.0, le=1.0)]
+
+
+class SwamaDecisionAdjustmentPriorSource(StrEnum):
+    file = "file"
+    estimated = "estimated"
+    estimating = "estimating"
+
+
+class SwamaDecisionAdjustmentRawProbability(RootModel[StrictFloat]):
+    root: Annotated[StrictFloat, Field(ge=0.0, le=1.0)]
+
+
 class SystemOneArray(RootModel[list[Any]]):
     root: Annotated[list[Any], Field(min_length=1)]
 
@@ -28,6 +85,7 @@ class SystemOneChoiceAnswer(BaseModel):
     confidence: Annotated[StrictFloat, Field(title="Confidence")]
     probabilities: Annotated[dict[str, StrictFloat], Field(title="Probabilities")]
     x_label_mass: StrictFloat | None = None
+    x_adjustment: SwamaDecisionAdjustment | None = None
 
 
 class SystemOneChoiceQuestion(BaseModel):
@@ -42,6 +100,8 @@ class SystemOneChoiceQuestion(BaseModel):
         dict[Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029]*[^\x00-\x20\x7f-\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000][^\x00-\x1f\x7f-\x9f\u2028\u2029]*$", min_length=1, strict=True)], StrictStr | dict[str, Any] | list[Any] | None],
         Field(max_length=255, min_length=2, title="Criteria"),
     ]
+    x_debias: SwamaDebias | None = None
+    x_calibration: SwamaCalibration | None = None
 
 
 class SystemOneErrorResponse(BaseModel):
@@ -63,6 +123,7 @@ class SystemOneNoulAnswer(BaseModel):
     type: Annotated[Literal["noul"], Field(title="Type")]
     noul: Annotated[StrictFloat, Field(title="Noul")]
     x_label_mass: StrictFloat | None = None
+    x_adjustment: SwamaDecisionAdjustment | None = None
 
 
 class SystemOneNoulCriteria(BaseModel):
@@ -86,6 +147,7 @@ class SystemOneNoulQuestion(BaseModel):
         SystemOneText | SystemOneObject | SystemOneArray, Field(title="Instructions")
     ]
     criteria: SystemOneNoulCriteria | None = None
+    x_calibration: SwamaCalibration | None = None
 
 
 class SystemOneObject(RootModel[dict[str, Any]]):
@@ -109,6 +171,8 @@ class SystemOneRequest(BaseModel):
     prompt_format_version: Annotated[None, Field(None)] = None
     return_prompt_token_ids: Annotated[None, Field(None)] = None
     video: Annotated[None, Field(None)] = None
+    x_debias: SwamaDebias | None = None
+    x_calibration: SwamaCalibration | None = None
 
 
 class SystemOneRequestChatTemplateKwargs(BaseModel):
@@ -151,6 +215,7 @@ class SystemOneScoreAnswer(BaseModel):
     ]
     probabilities: Annotated[dict[str, StrictFloat], Field(title="Probabilities")]
     x_label_mass: StrictFloat | None = None
+    x_adjustment: SwamaDecisionAdjustment | None = None
 
 
 class SystemOneAnswer(
@@ -174,6 +239,7 @@ class SystemOneScoreQuestion(BaseModel):
         list[SystemOneText | SystemOneObject | SystemOneArray],
         Field(max_length=10, min_length=2, title="Criteria"),
     ]
+    x_calibration: SwamaCalibration | None = None
 
 
 class SystemOneQuestion(

@@ -19,6 +19,63 @@ from pydantic import (
 from typing_extensions import TypeAliasType
 
 
+class SwamaCalibration(StrEnum):
+    none = "none"
+    contextual = "contextual"
+    fitted = "fitted"
+
+
+class SwamaDebias(StrEnum):
+    none = "none"
+    permute = "permute"
+    prior = "prior"
+
+
+class SwamaDecisionAdjustment(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    debias: SwamaDecisionAdjustmentDebias
+    calibration: SwamaDecisionAdjustmentCalibration
+    orders: Annotated[JSONInt, Field(ge=1)]
+    raw_probabilities: list[SwamaDecisionAdjustmentRawProbability]
+    prior: list[SwamaDecisionAdjustmentPriorItem] | None = None
+    prior_questions: Annotated[JSONInt | None, Field(ge=0)] = None
+    prior_source: SwamaDecisionAdjustmentPriorSource | None = None
+    content_free: list[SwamaDecisionAdjustmentContentFreeItem] | None = None
+    temperature: Annotated[StrictFloat | None, Field(gt=0.0)] = None
+
+
+class SwamaDecisionAdjustmentCalibration(StrEnum):
+    none = "none"
+    contextual = "contextual"
+    fitted = "fitted"
+
+
+class SwamaDecisionAdjustmentContentFreeItem(RootModel[StrictFloat]):
+    root: Annotated[StrictFloat, Field(ge=0.0, le=1.0)]
+
+
+class SwamaDecisionAdjustmentDebias(StrEnum):
+    none = "none"
+    permute = "permute"
+    prior = "prior"
+
+
+class SwamaDecisionAdjustmentPriorItem(RootModel[StrictFloat]):
+    root: Annotated[StrictFloat, Field(ge=0.0, le=1.0)]
+
+
+class SwamaDecisionAdjustmentPriorSource(StrEnum):
+    file = "file"
+    estimated = "estimated"
+    estimating = "estimating"
+
+
+class SwamaDecisionAdjustmentRawProbability(RootModel[StrictFloat]):
+    root: Annotated[StrictFloat, Field(ge=0.0, le=1.0)]
+
+
 class WorkersAiArray(RootModel[list[Any]]):
     root: Annotated[list[Any], Field(min_length=1)]
 
@@ -28,6 +85,7 @@ class WorkersAiClefChoiceAnswer(BaseModel):
     choice: StrictStr
     probabilities: dict[str, WorkersAiClefChoiceAnswerProbabilitiesAdditionalProperty]
     confidence: Annotated[StrictFloat, Field(ge=0.0, le=1.0)]
+    x_adjustment: SwamaDecisionAdjustment | None = None
 
 
 WorkersAiClefChoiceAnswerProbabilitiesAdditionalProperty = TypeAliasType(
@@ -50,6 +108,8 @@ class WorkersAiClefChoiceQuestion(BaseModel):
         dict[Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029]*[^\x00-\x20\x7f-\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000][^\x00-\x1f\x7f-\x9f\u2028\u2029]*$", min_length=1, strict=True)], StrictStr | dict[str, Any] | list[Any] | None],
         Field(max_length=255, min_length=2),
     ]
+    x_debias: SwamaDebias | None = None
+    x_calibration: SwamaCalibration | None = None
 
 
 class WorkersAiClefChoiceQuestionType(StrEnum):
@@ -61,6 +121,7 @@ class WorkersAiClefFlashChoiceAnswer(BaseModel):
     choice: StrictStr
     probabilities: dict[str, WorkersAiClefFlashChoiceAnswerProbabilitiesAdditionalProperty]
     confidence: Annotated[StrictFloat, Field(ge=0.0, le=1.0)]
+    x_adjustment: SwamaDecisionAdjustment | None = None
 
 
 WorkersAiClefFlashChoiceAnswerProbabilitiesAdditionalProperty = TypeAliasType(
@@ -83,6 +144,8 @@ class WorkersAiClefFlashChoiceQuestion(BaseModel):
         dict[Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029]*[^\x00-\x20\x7f-\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000][^\x00-\x1f\x7f-\x9f\u2028\u2029]*$", min_length=1, strict=True)], StrictStr | dict[str, Any] | list[Any] | None],
         Field(max_length=255, min_length=2),
     ]
+    x_debias: SwamaDebias | None = None
+    x_calibration: SwamaCalibration | None = None
 
 
 class WorkersAiClefFlashChoiceQuestionType(StrEnum):
@@ -92,6 +155,7 @@ class WorkersAiClefFlashChoiceQuestionType(StrEnum):
 class WorkersAiClefFlashNoulAnswer(BaseModel):
     type: Literal["noul"]
     noul: Annotated[StrictFloat, Field(ge=0.0, le=1.0)]
+    x_adjustment: SwamaDecisionAdjustment | None = None
 
 
 class WorkersAiClefFlashNoulAnswerType(StrEnum):
@@ -105,6 +169,7 @@ class WorkersAiClefFlashNoulQuestion(BaseModel):
     type: Literal["noul"]
     instructions: WorkersAiText | WorkersAiObject | WorkersAiArray
     criteria: WorkersAiNoulCriteria | None = None
+    x_calibration: SwamaCalibration | None = None
 
 
 class WorkersAiClefFlashNoulQuestionType(StrEnum):
@@ -121,6 +186,8 @@ class WorkersAiClefFlashRequest(BaseModel):
         list[WorkersAiClefFlashRequestImages | WorkersAiClefFlashRequestImages1] | None,
         Field(max_length=4),
     ] = None
+    x_debias: SwamaDebias | None = None
+    x_calibration: SwamaCalibration | None = None
 
 
 class WorkersAiClefFlashRequestImages(RootModel[StrictStr]):
@@ -165,6 +232,7 @@ class WorkersAiClefFlashScoreAnswer(BaseModel):
     legend: dict[str, Any]
     probabilities: dict[str, WorkersAiClefFlashScoreAnswerProbabilitiesAdditionalProperty]
     confidence: Annotated[StrictFloat, Field(ge=0.0, le=1.0)]
+    x_adjustment: SwamaDecisionAdjustment | None = None
 
 
 class WorkersAiClefFlashAnswer(
@@ -200,6 +268,7 @@ class WorkersAiClefFlashScoreQuestion(BaseModel):
         list[WorkersAiText | WorkersAiObject | WorkersAiArray],
         Field(max_length=10, min_length=2),
     ]
+    x_calibration: SwamaCalibration | None = None
 
 
 class WorkersAiClefFlashQuestion(
@@ -222,6 +291,7 @@ class WorkersAiClefFlashScoreQuestionType(StrEnum):
 class WorkersAiClefNoulAnswer(BaseModel):
     type: Literal["noul"]
     noul: Annotated[StrictFloat, Field(ge=0.0, le=1.0)]
+    x_adjustment: SwamaDecisionAdjustment | None = None
 
 
 class WorkersAiClefNoulAnswerType(StrEnum):
@@ -235,6 +305,7 @@ class WorkersAiClefNoulQuestion(BaseModel):
     type: Literal["noul"]
     instructions: WorkersAiText | WorkersAiObject | WorkersAiArray
     criteria: WorkersAiNoulCriteria | None = None
+    x_calibration: SwamaCalibration | None = None
 
 
 class WorkersAiClefNoulQuestionType(StrEnum):
@@ -251,6 +322,8 @@ class WorkersAiClefRequest(BaseModel):
         list[WorkersAiClefRequestImages | WorkersAiClefRequestImages1] | None,
         Field(max_length=4),
     ] = None
+    x_debias: SwamaDebias | None = None
+    x_calibration: SwamaCalibration | None = None
 
 
 class WorkersAiClefRequestImages(RootModel[StrictStr]):
@@ -295,6 +368,7 @@ class WorkersAiClefScoreAnswer(BaseModel):
     legend: dict[str, Any]
     probabilities: dict[str, WorkersAiClefScoreAnswerProbabilitiesAdditionalProperty]
     confidence: Annotated[StrictFloat, Field(ge=0.0, le=1.0)]
+    x_adjustment: SwamaDecisionAdjustment | None = None
 
 
 class WorkersAiClefAnswer(
@@ -330,6 +404,7 @@ class WorkersAiClefScoreQuestion(BaseModel):
         list[WorkersAiText | WorkersAiObject | WorkersAiArray],
         Field(max_length=10, min_length=2),
     ]
+    x_calibration: SwamaCalibration | None = None
 
 
 class WorkersAiClefQuestion(

@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from swama.engine.decisions.adjust.methods import Adjustment, Applied
 from swama.engine.decisions.heads import Head, fill_cache, head_split, logits_at
 from swama.engine.decisions.next_token import NextToken, PendingRows, launch_rows, reduce_rows
 from swama.engine.decisions.scorer import (
@@ -75,6 +76,9 @@ class DecisionJob:
     systemone: bool = False  # context refusals carry the System One capacity phrase
     images: Sequence[Any] = ()  # PIL images, placed before the text
     low_detail: bool = False  # every image asked `detail: "low"`: fit them within 512 px
+    # Per question, what it asks beyond the plain reading (debiasing, calibration): the engine's
+    # `decide` expands and combines around the scorer, which never sees them. Empty: none.
+    adjustments: Sequence[Adjustment] = ()
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,7 @@ class DecisionResult:
     answers: list[ScoredAnswer]
     input_tokens: int
     shared_prefix_tokens: int  # 0 when every question had its own cache
+    applied: Sequence[Applied | None] = ()  # per answer, what debiasing and calibration did (if asked)
 
 
 def _render(model: LoadedModel, content: str, image_count: int = 0) -> str:

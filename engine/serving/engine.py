@@ -13,9 +13,12 @@ import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from swama.engine.decisions.adjust.methods import CONTENT_FREE_INPUT
+from swama.engine.decisions.adjust.plan import AdjustState, combine, plan_job
+from swama.engine.decisions.adjust.store import CalibrationCache
 from swama.engine.decisions.checkpoints import CheckpointResult, predict
 from swama.engine.decisions.decide import DecisionJob, DecisionResult, DecisionRun
 from swama.engine.errors import BadInput, Cancelled, ContextTooLong, NotFound
@@ -76,6 +79,10 @@ class Engine:
         self.pool = ModelPool(self.store, settings, float_bytes=compute_dtype().size)
         self._blas = loaded_blas() or "bundled"  # fixed once the process started (the preload restarts it)
         self._draft: LoadedModel | None = None  # --draft-model, once a scheduler needs it
+        # Per model: positional priors being estimated and content-free answers (decision debiasing
+        # and calibration), and the calibration files `swama calibrate` writes.
+        self._adjust_states: dict[str, AdjustState] = {}
+        self._calibrations = CalibrationCache()
         if settings.draft_model and self.store.find(settings.draft_model) is None:
             raise SettingsError(f"--draft-model: no installed model is named '{settings.draft_model}' "
                                 "(`swama list` shows the installed ones)")
@@ -250,7 +257,36 @@ class Engine:
     # -- decisions -------------------------------------------------------------------------------
 
     async def decide(self, model_id: str, job: DecisionJob) -> AsyncIterator[DecisionResult]:
-        """Score decision questions (the label scorer behind /v1/decisions and /v1/systemone).
+        """Answer decision questions (behind /v1/decisions, /v1/systemone and Clef): the label
+        scorer's answers, debiased and calibrated where the job's adjustments ask (see
+        engine/decisions/adjust). Without adjustments the scorer's result is returned as it is."""
+        if not any(a.active for a in job.adjustments):
+            async for result in self._score(model_id, job):
+                yield result
+            return
+        installed = self.model(model_id)
+        state = self._adjust_states.setdefault(model_id, AdjustState())
+        plan = plan_job(model_id, job.questions, job.adjustments, state, self._calibrations.get(installed.path))
+        result = await self._scored(model_id, replace(job, questions=plan.views, adjustments=()))
+        input_tokens = result.input_tokens
+        missing = [v for v in plan.content_free_views if state.remembered(v) is None]
+        if missing:
+            # Content-free answers: the same questions about an input that says nothing, no images.
+            blank = DecisionJob(CONTENT_FREE_INPUT, missing, context_limit=job.context_limit, systemone=job.systemone)
+            content_free = await self._scored(model_id, blank)
+            for view, answer in zip(missing, content_free.answers, strict=True):
+                state.remember(view, answer.probabilities)
+            input_tokens += content_free.input_tokens
+        answers, applied = combine(plan, result.answers, state)
+        yield DecisionResult(answers, input_tokens, result.shared_prefix_tokens, applied)
+
+    async def _scored(self, model_id: str, job: DecisionJob) -> DecisionResult:
+        async for result in self._score(model_id, job):
+            return result
+        raise Cancelled()
+
+    async def _score(self, model_id: str, job: DecisionJob) -> AsyncIterator[DecisionResult]:
+        """Score decision questions with the label scorer.
 
         Preparation plus the shared prefill take one turn on the model, then every question takes
         its own turn, so a short request is not stuck behind a long one. Yields one result.

@@ -11,7 +11,7 @@ from typing import Any
 
 import pydantic
 
-from swama.engine.client import QuestionKind, ScoredAnswer
+from swama.engine.client import Adjustment, Applied, QuestionKind, ScoredAnswer
 from swama.handlers.http.errors import ApiError
 
 MAX_QUESTIONS = 200
@@ -28,6 +28,49 @@ def refuse(message: str) -> ApiError:
 def plain(value: Any) -> Any:
     """A generated root model's value as sent (text, object or array); other values as they are."""
     return value.root if isinstance(value, pydantic.RootModel) else value
+
+
+# Debiasing and calibration ----------------------------------------------------------------
+
+
+def _method(value: Any) -> str | None:
+    return None if value is None else str(value.value if hasattr(value, "value") else value)
+
+
+def adjustment_of(request: Any, question: Any) -> Adjustment:
+    """What a question asks beyond the plain reading: its own `x_debias` / `x_calibration`, else the
+    request's, else none (yes/no and score questions have no `x_debias` of their own)."""
+    debias = _method(getattr(question, "x_debias", None)) or _method(request.x_debias) or "none"
+    calibration = _method(getattr(question, "x_calibration", None)) or _method(request.x_calibration) or "none"
+    return Adjustment(debias, calibration)  # type: ignore[arg-type]
+
+
+def asks_adjustment(request: Any, questions: Any) -> bool:
+    return any(adjustment_of(request, q).active for q in questions)
+
+
+def checkpoint_refusal(model_id: str) -> ApiError:
+    return refuse(f"x_debias and x_calibration apply to chat models read through their next-token scores; "
+                  f"the decision checkpoint '{model_id}' answers through its own head.")
+
+
+def adjustment_json(applied: Applied | None) -> dict[str, Any]:
+    """The answer's `x_adjustment` field (nothing when its question asked for nothing)."""
+    if applied is None:
+        return {}
+    body: dict[str, Any] = {"debias": applied.debias, "calibration": applied.calibration, "orders": applied.orders,
+                            "raw_probabilities": [float(p) for p in applied.raw]}
+    if applied.prior is not None:
+        body["prior"] = [float(p) for p in applied.prior]
+    if applied.prior_questions is not None:
+        body["prior_questions"] = applied.prior_questions
+    if applied.prior_source is not None:
+        body["prior_source"] = applied.prior_source
+    if applied.content_free is not None:
+        body["content_free"] = [float(p) for p in applied.content_free]
+    if applied.temperature is not None:
+        body["temperature"] = float(applied.temperature)
+    return {"x_adjustment": body}
 
 
 # Answers ----------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from swama.generated.decisions_models import (
 from swama.handlers.http.pipeline import Call, route
 from swama.handlers.http.streaming import collect_or_cancel
 from swama.handlers.media.images import ImageRef, all_low_detail, load_data_images, open_images
-from swama.handlers.routes.decision_rules import MAX_CHOICES, refuse
+from swama.handlers.routes.decision_rules import MAX_CHOICES, adjustment_of, refuse
 from swama.handlers.routes.decisions_render import LABEL_MASS_HEADER, label_masses, render_decision_response
 from swama.handlers.routes.decisions_wording import DECISION_RULES, Question, question_problem
 
@@ -45,10 +45,11 @@ async def create_decision(call: Call, request: DecisionCreateRequest) -> Respons
                          "/v1/systemone, not /v1/decisions.")
     call.engine.require(model, Task.DECIDE)
     job = DecisionJob(text, [question_view(q) for q in questions], context_limit=call.settings.context_limit,
-                      images=open_images(images), low_detail=all_low_detail(images))
+                      images=open_images(images), low_detail=all_low_detail(images),
+                      adjustments=[adjustment_of(request, q) for q in questions])
     async for result in collect_or_cancel(call.request, call.engine.decide(model.id, job)):
         body = render_decision_response(request.model, list(zip(questions, result.answers, strict=True)),
-                                        result.input_tokens)
+                                        result.input_tokens, result.applied)
         # Outside the wire body (which follows the OpenAI shape exactly): each answer's label mass,
         # the labels' probability against the whole vocabulary, for the playground and the curious.
         return Response(body, media_type="application/json", headers={LABEL_MASS_HEADER: label_masses(result.answers)})

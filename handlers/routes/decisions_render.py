@@ -6,14 +6,12 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from swama.engine.client import DecisionError, ScoredAnswer
+from swama.engine.client import Applied, DecisionError, ScoredAnswer
 from swama.generated.decisions_models import (
     DecisionChoiceQuestion,
     DecisionPredicateQuestion,
 )
-from swama.handlers.routes.decision_rules import (
-    answer_is_sound,
-)
+from swama.handlers.routes.decision_rules import adjustment_json, answer_is_sound
 from swama.handlers.routes.decisions_wording import Question
 
 INVALID_ANSWER = "The model returned an invalid decision answer."
@@ -21,12 +19,13 @@ INVALID_CHOICE_ANSWER = "The model returned an invalid choice answer."
 INVALID_SCORE_ANSWER = "The model returned an invalid score answer."
 
 
-def _answer_json(question: Question, answer: ScoredAnswer) -> dict[str, Any]:
+def _answer_json(question: Question, answer: ScoredAnswer, applied: Applied | None = None) -> dict[str, Any]:
     probabilities = [float(p) for p in answer.probabilities]
+    adjusted = adjustment_json(applied)
     if isinstance(question, DecisionPredicateQuestion):
         if not answer_is_sound(answer, "yes_no", 2):
             raise DecisionError(500, INVALID_ANSWER)
-        return {"type": "predicate", "name": question.name, "probability": probabilities[0]}
+        return {"type": "predicate", "name": question.name, "probability": probabilities[0], **adjusted}
     if isinstance(question, DecisionChoiceQuestion):
         if not answer_is_sound(answer, "choice", len(question.choices)):
             raise DecisionError(500, INVALID_CHOICE_ANSWER)
@@ -39,6 +38,7 @@ def _answer_json(question: Question, answer: ScoredAnswer) -> dict[str, Any]:
                 for choice, p in zip(question.choices, probabilities, strict=True)
             ],
             "confidence": float(answer.confidence),  # type: ignore[arg-type]
+            **adjusted,
         }
     if not answer_is_sound(answer, "score", len(question.levels)):
         raise DecisionError(500, INVALID_SCORE_ANSWER)
@@ -51,6 +51,7 @@ def _answer_json(question: Question, answer: ScoredAnswer) -> dict[str, Any]:
             for i, (level, p) in enumerate(zip(question.levels, probabilities, strict=True))
         ],
         "confidence": float(answer.confidence),  # type: ignore[arg-type]
+        **adjusted,
     }
 
 
@@ -63,12 +64,15 @@ def label_masses(answers: Sequence[ScoredAnswer]) -> str:
 
 
 def render_decision_response(
-    model: str, answers: Sequence[tuple[Question, ScoredAnswer]], input_tokens: int
+    model: str, answers: Sequence[tuple[Question, ScoredAnswer]], input_tokens: int,
+    applied: Sequence[Applied | None] = (),
 ) -> bytes:
-    """The response body: answers in question order, ``name`` null when absent, typed values."""
+    """The response body: answers in question order, ``name`` null when absent, typed values;
+    `x_adjustment` on the answers whose question asked for debiasing or calibration."""
     body = {
         "model": model,
-        "answers": [_answer_json(question, answer) for question, answer in answers],
+        "answers": [_answer_json(question, answer, applied[i] if i < len(applied) else None)
+                    for i, (question, answer) in enumerate(answers)],
         "usage": {
             "input_tokens": input_tokens,
             "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},

@@ -236,6 +236,7 @@ DECISION_RULES = RouteRules(
     not_object=_invalid,
     before_model=refuse_sglang_shape,
     schema_error=schema_error,
-    handled=frozenset({"model", "input", "questions", "safety_identifier"}),  # safety_identifier: ignored
+    handled=frozenset({"model", "input", "questions", "safety_identifier",  # safety_identifier: ignored
+                       "x_debias", "x_calibration"}),
     unhandled=lambda name: refuse(f"Unknown decision field '{name}'."),
 )

@@ -257,6 +257,7 @@ SYSTEMONE_RULES = RouteRules(
     schema_error=schema_error,
     # The refused extensions are in the schema as null-only fields; chat_template_kwargs can only
     # say enable_thinking=false, which is what the scorer does anyway.
-    handled=frozenset({"model", "state", "questions", "images", "chat_template_kwargs", "video",
+    handled=frozenset({"model", "state", "questions", "images", "chat_template_kwargs", "video", "x_debias",
+                       "x_calibration",
                        *REFUSED_FIELDS}),
 )

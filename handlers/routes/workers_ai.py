@@ -50,7 +50,7 @@ WORKERS_AI_RULES = RouteRules(
     not_object=SYSTEMONE_RULES.not_object,
     before_model=refuse_nulls,
     schema_error=_schema_error,
-    handled=frozenset({"model", "state", "questions", "images"}),
+    handled=frozenset({"model", "state", "questions", "images", "x_debias", "x_calibration"}),
 )
 
 
@@ -69,7 +69,7 @@ def clef_model(call: Call) -> InstalledModel:
 
 def as_systemone(request: ClefRequest) -> SystemOneRequest:
     """The same request in System One's model; the cards take no field System One lacks."""
-    data = request.model_dump(mode="json", exclude_unset=True, include={"state", "questions", "images"})
+    data = request.model_dump(mode="json", exclude_unset=True, include={"state", "questions", "images", "x_debias", "x_calibration"})
     data["model"] = request.model.strip()
     try:
         return SystemOneRequest.model_validate(data)

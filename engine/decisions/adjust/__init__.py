@@ -1,0 +1,1 @@
+"""Option-order debiasing and calibration of decision answers, opt-in per question."""
