@@ -1,6 +1,7 @@
 """The browser playground in headless Chromium (Debian's package, driven by Playwright): decisions
-drawn as bars that match the API, snippets that reproduce the request, streaming chat, the models
-and metrics view, errors in the server's words, the API key and --no-ui.
+drawn as bars that match the API, debiased or calibrated answers beside their plain reading, snippets
+that reproduce the request, streaming chat, the models and metrics view, errors in the server's words,
+the API key and --no-ui.
 
 Screenshots go to .cache/test-artifacts/playground (SWAMA_TEST_ARTIFACTS overrides it)."""
 
@@ -597,6 +598,216 @@ def test_errors_show_the_servers_message(page, model_server: LiveServer) -> None
     assert page.inner_text("#c-error .message") == direct.json()["error"]["message"]
     assert page.locator(".msg").count() == 0  # the failed turn is not kept: its text is back in the box
     assert page.input_value("#c-input") == "hi"
+
+
+# ---- decisions: debiasing and calibration -------------------------------------------------------
+
+ADJUSTMENT_OPTIONS = {"#d-debias": ["none", "permute", "prior"], "#d-calibration": ["none", "contextual", "fitted"]}
+
+
+def _fake_decisions(page, status: int, payload: dict, masses: str = "0.9,0.8,0.7") -> list[dict]:
+    """Answers the page's decision requests with `payload`; the list returned fills with the bodies it sent."""
+    sent: list[dict] = []
+
+    def answer(route) -> None:
+        sent.append(route.request.post_data_json)
+        route.fulfill(status=status, headers={"Content-Type": "application/json", "X-Swama-Label-Mass": masses},
+                      body=json.dumps(payload))
+
+    page.route("**/v1/decisions", answer)
+    return sent
+
+
+def _decide(page) -> dict | None:
+    """Runs the form; the run the page kept, or None when it showed an error instead."""
+    page.evaluate("() => { state.last = null; }")
+    page.click("#d-run")
+    page.wait_for_function("() => !document.querySelector('#d-run').disabled"
+                           " && (state.last !== null || !document.querySelector('#d-error').hidden)", timeout=180_000)
+    return None if page.is_visible("#d-error") else page.evaluate("state.last")
+
+
+def readings(page) -> list[dict[str, dict]]:
+    """Per answer, per reading drawn ("plain", "adjusted"): its name and its options as `bars` reads them."""
+    return page.evaluate("""() => Array.from(document.querySelectorAll('#d-answers .answer')).map(a =>
+        Object.fromEntries(Array.from(a.querySelectorAll('.reading')).map(r => [r.dataset.reading, {
+            name: r.querySelector('.reading-name').textContent,
+            options: Array.from(r.querySelectorAll('.option')).map(o => ({
+                label: o.querySelector('.label').textContent,
+                p: Number(o.dataset.probability),
+                bar: o.querySelector('.bar').getBoundingClientRect().width,
+                track: o.querySelector('.track').getBoundingClientRect().width,
+                winner: o.classList.contains('winner')}))}])))""")
+
+
+def _check_reading(options: list[dict], expected: list[float]) -> None:
+    assert [o["p"] for o in options] == pytest.approx(expected, abs=1e-12)
+    for option, p in zip(options, expected, strict=True):
+        assert option["bar"] == pytest.approx(p * option["track"], abs=PIXEL)
+    best = max(range(len(expected)), key=lambda i: (expected[i], -i))
+    assert [o["winner"] for o in options] == [i == best for i in range(len(expected))]
+
+
+def _adjusted(answer: dict, probabilities: list[float], adjustment: dict) -> dict:
+    """`answer` (a real one) as an adjusted answer would come: new probabilities, its own as the plain reading."""
+    out = {**answer, "x_adjustment": {**adjustment, "raw_probabilities": api_options(answer)}}
+    if answer["type"] == "predicate":
+        out["probability"] = probabilities[0]
+        return out
+    out["probabilities"] = [{**p, "probability": q} for p, q in zip(answer["probabilities"], probabilities, strict=True)]
+    if answer["type"] == "choice":
+        out["choice"] = answer["probabilities"][max(range(len(probabilities)), key=lambda i: (probabilities[i], -i))]["value"]
+    else:
+        out["score"] = sum(p["value"] * q for p, q in zip(answer["probabilities"], probabilities, strict=True))
+    return out
+
+
+def test_adjustment_controls_compose_the_request_and_show_both_readings(page, tmp_path: Path) -> None:
+    wait_for_model(page)
+    for select, values in ADJUSTMENT_OPTIONS.items():
+        assert page.locator(f"{select} option").evaluate_all("os => os.map(o => o.value)") == values
+        assert page.input_value(select) == "none"
+    # Both at "none": the request is as it always was, and the answers are drawn as one reading.
+    plain = run_decision(page)
+    assert not {"x_debias", "x_calibration"} & set(plain["body"])
+    assert page.locator("#d-answers .reading, #d-answers .adjustment").count() == 0
+    real = plain["response"]
+
+    # permute + contextual: the fields go at the top level; each answer shows its plain reading beside
+    # the adjusted one, and a line naming what was applied.
+    page.select_option("#d-debias", "permute")
+    page.select_option("#d-calibration", "contextual")
+    contextual = {"calibration": "contextual", "orders": 1}
+    predicate, choice, score = real["answers"]
+    answers = [
+        _adjusted(predicate, [0.25], {**contextual, "debias": "none", "content_free": [0.875, 0.125]}),
+        _adjusted(choice, [0.125, 0.25, 0.625], {**contextual, "debias": "permute", "orders": 3,
+                                                 "content_free": [0.5, 0.25, 0.25]}),
+        _adjusted(score, [0.5, 0.25, 0.25], {**contextual, "debias": "none", "content_free": [0.25, 0.5, 0.25]}),
+    ]
+    sent = _fake_decisions(page, 200, {**real, "answers": answers})
+    run = run_decision(page)
+    assert sent[-1] == {**plain["body"], "x_debias": "permute", "x_calibration": "contextual"} == run["body"]
+    assert list(sent[-1])[-2:] == ["x_debias", "x_calibration"]
+    drawn = readings(page)
+    assert [sorted(d) for d in drawn] == [["adjusted", "plain"]] * 3
+    assert [d["plain"]["name"] for d in drawn] == ["plain"] * 3
+    assert [d["adjusted"]["name"] for d in drawn] == ["contextual", "permute + contextual", "contextual"]
+    for answer, reading in zip(answers, drawn, strict=True):
+        _check_reading(reading["plain"]["options"], answer["x_adjustment"]["raw_probabilities"])
+        _check_reading(reading["adjusted"]["options"], api_options(answer))
+        assert [o["label"] for o in reading["plain"]["options"]] == [o["label"] for o in reading["adjusted"]["options"]]
+    assert page.locator("#d-answers .adjustment").all_inner_texts() == [
+        "applied: debias none (permute asked), 1 order scored · calibration contextual · content-free reading [0.875, 0.125]",
+        "applied: debias permute, 3 orders scored · calibration contextual · content-free reading [0.500, 0.250, 0.250]",
+        "applied: debias none (permute asked), 1 order scored · calibration contextual · content-free reading [0.250, 0.500, 0.250]",
+    ]
+    shot(page, "decisions-adjusted")
+
+    # The snippets carry the fields: in the body for curl, as extra_body for the SDKs.
+    page.click("button.copy[data-snippet=curl]")
+    curl = page.inner_text("#d-snippet")
+    assert '"x_debias":"permute","x_calibration":"contextual"' in curl
+    for kind, pad in (("openai", "    "), ("typesafe", "        ")):
+        page.click(f"button.copy[data-snippet={kind}]")
+        page.wait_for_function("k => document.querySelector('#d-snippet').dataset.kind === k", arg=kind)
+        text = page.evaluate("document.querySelector('#d-snippet').textContent")
+        extra = [f"{pad}extra_body={{", f'{pad}    "x_debias": "permute",', f'{pad}    "x_calibration": "contextual",', f"{pad}}},"]
+        assert "\n".join(extra) + "\n" + pad[4:] + ")" in text, text
+        compile(text, f"snippet_{kind}.py", "exec")
+
+    # A prior from the calibration file and a fitted temperature: the line names both.
+    page.unroute("**/v1/decisions")
+    page.select_option("#d-debias", "prior")
+    page.select_option("#d-calibration", "fitted")
+    fitted = {"calibration": "fitted", "orders": 1, "temperature": 1.25}
+    answers = [
+        _adjusted(predicate, [0.5], {**fitted, "debias": "none"}),
+        _adjusted(choice, [0.5, 0.25, 0.25], {**fitted, "debias": "prior", "prior": [0.5, 0.375, 0.125],
+                                              "prior_questions": 16, "prior_source": "file"}),
+        _adjusted(score, [0.25, 0.25, 0.5], {**fitted, "debias": "none"}),
+    ]
+    sent = _fake_decisions(page, 200, {**real, "answers": answers})
+    run_decision(page)
+    assert {k: sent[-1][k] for k in ("x_debias", "x_calibration")} == {"x_debias": "prior", "x_calibration": "fitted"}
+    assert [d["adjusted"]["name"] for d in readings(page)] == ["fitted", "prior + fitted", "fitted"]
+    assert page.locator("#d-answers .adjustment").nth(1).inner_text() == (
+        "applied: debias prior, 1 order scored · prior [0.500, 0.375, 0.125] (from the calibration file, 16 questions)"
+        " · calibration fitted · temperature 1.250")
+    # Still estimating the prior: the question was answered by permuting, and the line says so.
+    page.unroute("**/v1/decisions")
+    answers[1] = _adjusted(choice, [0.5, 0.25, 0.25], {**fitted, "debias": "permute", "orders": 3,
+                                                       "prior_questions": 2, "prior_source": "estimating"})
+    _fake_decisions(page, 200, {**real, "answers": answers})
+    run_decision(page)
+    assert page.locator("#d-answers .adjustment").nth(1).inner_text() == (
+        "applied: debias permute (prior asked), 3 orders scored · prior (still estimating, 2 questions)"
+        " · calibration fitted · temperature 1.250")
+
+    # An error answer (fitted with no calibration file) is shown in the server's words, as any error.
+    page.unroute("**/v1/decisions")
+    page.select_option("#d-debias", "none")
+    message = "x_calibration fitted needs a calibration file for smollm2: run swama calibrate first"
+    sent = _fake_decisions(page, 400, {"error": {"message": message, "type": "invalid_request_error",
+                                                 "param": "x_calibration", "code": None}})
+    assert _decide(page) is None
+    assert "x_debias" not in sent[-1] and sent[-1]["x_calibration"] == "fitted"
+    assert page.inner_text("#d-error .status") == "HTTP 400" and page.inner_text("#d-error .message") == message
+    page.unroute("**/v1/decisions")
+
+    # The controls are remembered; an entry of the history brings back its own, and its two readings.
+    page.reload()
+    page.wait_for_selector("body[data-ready=true]")
+    assert (page.input_value("#d-debias"), page.input_value("#d-calibration")) == ("none", "fitted")
+    entry = page.locator("#d-history li button").nth(2)  # the permute + contextual run
+    assert entry.inner_text().endswith(" · permute · contextual")
+    entry.click()
+    assert (page.input_value("#d-debias"), page.input_value("#d-calibration")) == ("permute", "contextual")
+    assert [d["adjusted"]["name"] for d in readings(page)] == ["contextual", "permute + contextual", "contextual"]
+    page.locator("#d-history li button").last.click()  # the plain run: no adjustment, one reading
+    assert (page.input_value("#d-debias"), page.input_value("#d-calibration")) == ("none", "none")
+    assert page.locator("#d-answers .reading").count() == 0 and len(bars(page)) == 3
+
+
+def test_live_adjusted_decision(page, model_server: LiveServer, tmp_path: Path) -> None:
+    """The server's own debiasing and calibration, drawn: needs the server to take x_debias and x_calibration."""
+    wait_for_model(page)
+    # fitted needs the model's calibration file, which the test store does not have: the server's 400.
+    page.select_option("#d-calibration", "fitted")
+    body = page.evaluate("decisionBody()")
+    assert body["x_calibration"] == "fitted" and "x_debias" not in body
+    assert _decide(page) is None
+    refused = httpx.post(model_server.v1 + "/decisions", json=body, timeout=120)
+    assert refused.status_code == 400
+    assert page.inner_text("#d-error .message") == refused.json()["error"]["message"]
+
+    page.select_option("#d-debias", "permute")
+    page.select_option("#d-calibration", "contextual")
+    run = _decide(page)
+    assert run is not None, page.inner_text("#d-error")
+    assert {k: run["body"][k] for k in ("x_debias", "x_calibration")} == {"x_debias": "permute", "x_calibration": "contextual"}
+    direct = httpx.post(model_server.v1 + "/decisions", json=run["body"], timeout=180)
+    assert direct.status_code == 200, direct.text
+    answers = direct.json()["answers"]
+    assert run["response"]["answers"] == answers
+    adjustments = [a["x_adjustment"] for a in answers]
+    assert [a["debias"] for a in adjustments] == ["none", "permute", "none"]  # only a choice has an option order
+    assert [a["orders"] for a in adjustments] == [1, 3, 1]  # every order of the three choices
+    assert all(a["calibration"] == "contextual" and a.get("content_free") for a in adjustments)
+    drawn = readings(page)
+    assert [d["adjusted"]["name"] for d in drawn] == ["contextual", "permute + contextual", "contextual"]
+    for answer, reading in zip(answers, drawn, strict=True):
+        _check_reading(reading["plain"]["options"], answer["x_adjustment"]["raw_probabilities"])
+        _check_reading(reading["adjusted"]["options"], api_options(answer))
+    assert page.locator("#d-answers .adjustment").nth(1).inner_text().startswith(
+        "applied: debias permute, 3 orders scored · calibration contextual · content-free reading [")
+    shot(page, "decisions-adjusted-live")
+
+    # The snippets send the same request.
+    assert json.loads(_run_snippet("curl", page, tmp_path))["answers"] == answers
+    assert json.loads(_run_snippet("openai", page, tmp_path))["answers"] == answers
+    systemone = json.loads(_run_snippet("typesafe", page, tmp_path))
+    assert all("x_adjustment" in a for a in systemone.values())
 
 
 def test_models_and_live_metrics(page, model_server: LiveServer) -> None:

@@ -9,6 +9,9 @@ const LABEL_MASS_HEADER = "X-Swama-Label-Mass";
 const TEXT_KINDS = ["language", "vision"];
 const TOP_LOGPROBS = 5;
 const CHAT_STORE = { logprobs: "swama.chat.logprobs", format: "swama.chat.format", schema: "swama.chat.schema" };
+// The decision form's adjustment controls: each is sent as this top-level field unless it is "none".
+const ADJUSTMENTS = { x_debias: "#d-debias", x_calibration: "#d-calibration" };
+const ADJUSTMENT_STORE = { x_debias: "swama.decisions.debias", x_calibration: "swama.decisions.calibration" };
 
 const $ = (selector, root = document) => root.querySelector(selector);
 const $$ = (selector, root = document) => Array.from(root.querySelectorAll(selector));
@@ -263,7 +266,16 @@ function decisionBody() {
     }
     return question;
   });
-  return { model: $("#d-model").value, input, questions };
+  return { model: $("#d-model").value, input, questions, ...adjustmentFields() };
+}
+
+// The adjustments the controls ask for; "none" is left out, so the plain request stays as it was.
+function adjustmentFields() {
+  const fields = {};
+  for (const [field, selector] of Object.entries(ADJUSTMENTS)) {
+    if ($(selector).value !== "none") fields[field] = $(selector).value;
+  }
+  return fields;
 }
 
 function loadForm(body) {
@@ -276,6 +288,7 @@ function loadForm(body) {
   }
   $("#d-questions").replaceChildren();
   for (const question of body.questions) addQuestion(question);
+  for (const [field, selector] of Object.entries(ADJUSTMENTS)) $(selector).value = body[field] ?? "none";
   updateImageZones();
 }
 
@@ -310,17 +323,78 @@ function fmt(value, digits = 4) {
   return value === null || value === undefined ? "\u2013" : Number(value).toFixed(digits);
 }
 
-// One row per option in request order: [label, probability]; the winner is the first maximum.
+// One row per option in request order: [label, probability].
 function optionsOf(answer) {
   if (answer.type === "predicate") return [["yes", answer.probability], ["no", 1 - answer.probability]];
   if (answer.type === "choice") return answer.probabilities.map((p) => [String(p.value), p.probability]);
   return answer.probabilities.map((p) => [`${p.value} \u00b7 ${p.label}`, p.probability]);
 }
 
-function answerCard(answer, question, mass) {
-  const options = optionsOf(answer);
+// One bar per option; the winner is the first maximum.
+function optionBars(options) {
   let winner = 0;
   options.forEach(([, p], i) => { if (p > options[winner][1]) winner = i; });
+  return options.map(([label, p], i) => {
+    const bar = el("div", { class: "bar" });
+    bar.style.width = `${(p * 100).toFixed(4)}%`;
+    return el("div", { class: i === winner ? "option winner" : "option", "data-probability": String(p), title: `${label}: ${p}` },
+      el("span", { class: "label", text: label }),
+      el("div", { class: "track" }, bar),
+      el("span", { class: "pct", text: `${(p * 100).toFixed(1)}%` }));
+  });
+}
+
+function fmtList(values, digits = 3) {
+  return `[${values.map((v) => fmt(v, digits)).join(", ")}]`;
+}
+
+// The adjusted reading's name: the methods that took effect, "unchanged" when none did.
+function adjustmentName(adjustment) {
+  const applied = [adjustment.debias, adjustment.calibration].filter((m) => m && m !== "none");
+  return applied.length ? applied.join(" + ") : "unchanged";
+}
+
+// What was applied to one answer, in words: the methods (and what was asked, where that differs),
+// the orders scored, the prior and where it came from, the content-free reading, the temperature.
+function adjustmentLine(adjustment, body) {
+  const parts = [];
+  const method = (kind, field) => {
+    const asked = (body && body[field]) || "none";
+    const applied = adjustment[kind] ?? "none";
+    if (asked === "none" && applied === "none") return null;
+    return `${kind} ${applied}${asked !== applied ? ` (${asked} asked)` : ""}`;
+  };
+  const debias = method("debias", "x_debias");
+  const orders = adjustment.orders ?? 1;
+  if (debias) parts.push(`${debias}, ${orders} order${orders === 1 ? "" : "s"} scored`);
+  if (Array.isArray(adjustment.prior) || adjustment.prior_source) {
+    const source = { file: "from the calibration file", estimated: "estimated", estimating: "still estimating" }[adjustment.prior_source]
+      ?? adjustment.prior_source;
+    const n = adjustment.prior_questions;
+    const from = [source, n != null ? `${n} question${n === 1 ? "" : "s"}` : null].filter(Boolean);
+    const values = Array.isArray(adjustment.prior) ? ` ${fmtList(adjustment.prior)}` : "";
+    parts.push(`prior${values}${from.length ? ` (${from.join(", ")})` : ""}`);
+  }
+  const calibration = method("calibration", "x_calibration");
+  if (calibration) parts.push(calibration);
+  if (Array.isArray(adjustment.content_free)) parts.push(`content-free reading ${fmtList(adjustment.content_free)}`);
+  if (adjustment.temperature != null) parts.push(`temperature ${fmt(adjustment.temperature, 3)}`);
+  return `applied: ${parts.join(" \u00b7 ")}`;
+}
+
+// The plain reading beside the adjusted one (the answer's own probabilities), both in request order.
+function adjustedBars(options, adjustment, body) {
+  const plain = options.map(([label], i) => [label, adjustment.raw_probabilities[i]]);
+  const reading = (name, kind, rows) => el("div", { class: `reading ${kind}`, "data-reading": kind },
+    el("div", { class: "reading-name", text: name }), ...optionBars(rows));
+  return [
+    el("div", { class: "adjustment muted", text: adjustmentLine(adjustment, body) }),
+    el("div", { class: "readings" }, reading("plain", "plain", plain), reading(adjustmentName(adjustment), "adjusted", options)),
+  ];
+}
+
+function answerCard(answer, question, mass, body) {
+  const options = optionsOf(answer);
   const facts = [];
   if (answer.type === "predicate") facts.push(`probability ${fmt(answer.probability)}`);
   if (answer.type === "choice") facts.push(`choice ${JSON.stringify(answer.choice)}`);
@@ -335,21 +409,14 @@ function answerCard(answer, question, mass) {
     el("div", { class: "facts", text: facts.join(" \u00b7 "),
       title: "label mass: the options' share of the model's whole next-token distribution; a low value means "
         + "the model would rather answer something else. Confidence is concentration, not correctness." }),
-    ...options.map(([label, p], i) => {
-      const bar = el("div", { class: "bar" });
-      bar.style.width = `${(p * 100).toFixed(4)}%`;
-      return el("div", { class: i === winner ? "option winner" : "option", "data-probability": String(p), title: `${label}: ${p}` },
-        el("span", { class: "label", text: label }),
-        el("div", { class: "track" }, bar),
-        el("span", { class: "pct", text: `${(p * 100).toFixed(1)}%` }));
-    }));
+    ...(answer.x_adjustment ? adjustedBars(options, answer.x_adjustment, body) : optionBars(options)));
 }
 
 function showDecision(run) {
   const { body, response, masses, latencyMs } = run;
   $("#d-summary").textContent = `${response.model} \u00b7 ${response.usage.input_tokens} input tokens \u00b7 `
     + `${Math.round(latencyMs)} ms \u00b7 ${response.answers.length} answer${response.answers.length === 1 ? "" : "s"}`;
-  $("#d-answers").replaceChildren(...response.answers.map((a, i) => answerCard(a, body.questions[i], masses[i] ?? null)));
+  $("#d-answers").replaceChildren(...response.answers.map((a, i) => answerCard(a, body.questions[i], masses[i] ?? null, body)));
   $("#d-copy").hidden = false;
   $("#d-snippet").textContent = "";
   $("#d-copied").textContent = "";
@@ -388,6 +455,7 @@ function renderHistory() {
     const input = typeof entry.body.input === "string" ? entry.body.input : "";
     const label = `${new Date(entry.at).toLocaleTimeString()} \u00b7 ${entry.body.model} \u00b7 `
       + `${entry.body.questions.length} q \u00b7 ${input.slice(0, 48)}${input.length > 48 ? "\u2026" : ""}`
+      + Object.keys(ADJUSTMENTS).filter((f) => f in entry.body).map((f) => ` \u00b7 ${entry.body[f]}`).join("")
       + (entry.images ? ` (+${entry.images} image${entry.images === 1 ? "" : "s"}, not kept)` : "");
     return el("li", {}, el("button", { type: "button", text: label, onclick: () => {
       loadForm(entry.body);
@@ -431,6 +499,12 @@ function pythonKey() {
   return state.key ? `os.environ["SWAMA_API_KEY"]` : `"local"`;
 }
 
+// The adjustments are swama's own fields: the SDKs send them through extra_body.
+function extraBody(body, indent) {
+  const fields = Object.fromEntries(Object.keys(ADJUSTMENTS).filter((f) => f in body).map((f) => [f, body[f]]));
+  return Object.keys(fields).length ? [`${" ".repeat(indent)}extra_body=${py(fields, indent)},`] : [];
+}
+
 function openaiSnippet(body) {
   return [
     ...(state.key ? ["import os", ""] : []),
@@ -441,6 +515,7 @@ function openaiSnippet(body) {
     `    model=${py(body.model, 4)},`,
     `    input=${py(body.input, 4)},`,
     `    questions=${py(body.questions, 4)},`,
+    ...extraBody(body, 4),
     ")",
     "print(decision.model_dump_json(indent=2))",
     "",
@@ -485,6 +560,7 @@ function typesafeSnippet(body) {
     "        questions={",
     ...body.questions.map((q, i) => `            ${JSON.stringify(names[i])}: ${typesafeQuestion(q)},`),
     "        },",
+    ...extraBody(body, 8),
     "    )",
     "print(json.dumps(result.raw_http_response.json()[\"answers\"], indent=2))",
     "",
@@ -999,6 +1075,13 @@ function start() {
   for (const question of STARTER_QUESTIONS) addQuestion(question);
   $("#decision-form").addEventListener("submit", runDecision);
   $("#d-history-clear").addEventListener("click", () => { localStorage.removeItem(HISTORY_STORE); renderHistory(); });
+  for (const [field, selector] of Object.entries(ADJUSTMENTS)) {
+    const select = $(selector);
+    if ([...select.options].some((o) => o.value === localStorage.getItem(ADJUSTMENT_STORE[field]))) {
+      select.value = localStorage.getItem(ADJUSTMENT_STORE[field]);
+    }
+    select.addEventListener("change", () => localStorage.setItem(ADJUSTMENT_STORE[field], select.value));
+  }
   $("#d-model").addEventListener("change", () => { localStorage.setItem("swama.decisions.model", $("#d-model").value); updateImageZones(); });
   $("#c-model").addEventListener("change", () => { localStorage.setItem("swama.chat.model", $("#c-model").value); updateImageZones(); });
   imageZone($("#d-drop"), $("#d-files"), $("#d-thumbs"), state.decisionImages);
