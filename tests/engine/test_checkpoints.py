@@ -168,3 +168,12 @@ def test_the_clef_route_on_a_decider(tiny_checkpoint_dirs: dict[str, Path], tmp_
             {"code": 5006, "message": "This decision checkpoint reads text only; it does not take images."}])
     finally:
         server.stop()
+
+
+def test_checkpoints_refuse_debiasing_and_calibration(checkpoint_server: LiveServer) -> None:
+    """A checkpoint answers through its own head, not next-token scores: there is nothing to reorder."""
+    for extra in ({"x_debias": "permute"}, {"x_calibration": "contextual"}):
+        r = _systemone(checkpoint_server, CLEF, **extra)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["message"].startswith("x_debias and x_calibration apply to chat models")
+    assert _systemone(checkpoint_server, CLEF, x_debias="none").status_code == 200

@@ -191,3 +191,16 @@ def test_images_on_the_clef_model(vision_server: LiveServer) -> None:
         "A request accepts at most 4 images."
     bad_type = {"content_type": "image/gif", "base64": "R0lGOD"}
     assert "content_type" in refusal(post(vision_server, RUN + "clef", {**body, "images": [bad_type]}), 400, 5006)
+
+
+def test_images_with_debiasing(vision_server: LiveServer) -> None:
+    """The shifted orders share the images' prefill; a content-free answer has no images."""
+    body = {**REQUEST, "images": [png_url(2)], "x_debias": "permute", "x_calibration": "contextual"}
+    r = post(vision_server, RUN + "clef", body)
+    assert r.status_code == 200, r.text
+    plain = post(vision_server, RUN + "clef", {**REQUEST, "images": [png_url(2)]}).json()["result"]["answers"]
+    answers = r.json()["result"]["answers"]
+    assert answers["topic"]["x_adjustment"]["orders"] == 3
+    assert list(plain["topic"]["probabilities"].values()) == \
+        pytest.approx(answers["topic"]["x_adjustment"]["raw_probabilities"], abs=1e-4)
+    assert all(a["x_adjustment"]["calibration"] == "contextual" for a in answers.values())
