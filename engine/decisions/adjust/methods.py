@@ -1,9 +1,10 @@
 """What a request may ask of a decision answer beyond the plain reading, and what was applied.
 
 Debiasing corrects the model's preference for an option's position in a choice question:
-- `permute` scores the question under cyclic shifts of its options (every shift for up to
+- `permute` scores the question under the cyclic shifts of its options taken in a canonical order
+  (sorted by name: the same whatever order the request lists them in; every shift for up to
   `MAX_ORDERS` options, else `MAX_ORDERS` evenly spaced ones) and averages each option's
-  log-probability over them;
+  log-probability over them, so the answer does not depend on the order at all;
 - `prior` divides out the model's positional prior for that many options (PriDe), estimated from
   the cyclic shifts of the first `PRIOR_SAMPLE` such questions (answered as `permute` meanwhile) or
   read from the model's calibration file.

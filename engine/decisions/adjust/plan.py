@@ -2,9 +2,9 @@
 answers combine into one answer per question.
 
 `plan_job` expands each question into the views it needs (a choice question under `permute` into
-its option orders, shift 0 first); they all go to the scorer in one job, so the shifts share the
-input's prefill and batch with every other question. `combine` turns the scored views back into one
-`ScoredAnswer` per question, with what was applied. Content-free answers (for `contextual`) are
+the request's order, then the cyclic shifts of its options' canonical order); they all go to the
+scorer in one job, so the orders share the input's prefill and batch with every other question.
+`combine` turns the scored views back into one `ScoredAnswer` per question, with what was applied. Content-free answers (for `contextual`) are
 scored in a job of their own, once per question view, and remembered with the model.
 """
 
@@ -42,14 +42,36 @@ def order_shifts(option_count: int) -> tuple[int, ...]:
     return tuple(sorted({round(i * option_count / MAX_ORDERS) % option_count for i in range(MAX_ORDERS)}))
 
 
-def shifted(view: QuestionView, shift: int) -> QuestionView:
-    """`view` with its options rotated: position i shows option (i + shift) mod n."""
-    if shift == 0:
+Order = tuple[int, ...]  # position -> the option (its index in request order) shown there
+
+
+def arranged(view: QuestionView, order: Order) -> QuestionView:
+    """`view` with option `order[i]` shown at position i."""
+    if order == tuple(range(view.option_count)):
         return view
-    n = view.option_count
-    order = [(i + shift) % n for i in range(n)]
     return replace(view, option_names=tuple(view.option_names[j] for j in order),
                    option_details=tuple(view.option_details[j] for j in order))
+
+
+def shifted(view: QuestionView, shift: int) -> QuestionView:
+    """`view` with its options rotated: position i shows option (i + shift) mod n."""
+    n = view.option_count
+    return arranged(view, tuple((i + shift) % n for i in range(n)))
+
+
+def canonical_order(view: QuestionView) -> Order:
+    """The options sorted by name (distinct ignoring case and surrounding space, as the routes check),
+    then detail: the same for every order a request may list them in."""
+    return tuple(sorted(range(view.option_count), key=lambda j: (view.option_names[j].strip().casefold(),
+                                                                 view.option_names[j], view.option_details[j])))
+
+
+def debiasing_orders(view: QuestionView) -> tuple[Order, ...]:
+    """The orders `permute` averages over: the cyclic shifts of the canonical order. They depend only
+    on the set of options, so the answer is the same whatever order the request lists them in (and
+    each option takes every position once, which is what a positional prior is estimated from)."""
+    base, n = canonical_order(view), view.option_count
+    return tuple(tuple(base[(i + s) % n] for i in range(n)) for s in order_shifts(n))
 
 
 def _logs(probabilities: Sequence[float]) -> list[float]:
@@ -62,19 +84,22 @@ def _normalised(logs: Sequence[float]) -> list[float]:
     return [x - total for x in logs]
 
 
-def averaged_over_shifts(per_shift: Sequence[Sequence[float]], shifts: Sequence[int]) -> list[float]:
-    """Each option's log-probability averaged over the orders it was scored in (per_shift[k] is in
-    position order for shift shifts[k]); not normalised."""
-    n = len(per_shift[0])
-    return [math.fsum(_logs(p)[(j - s) % n] for p, s in zip(per_shift, shifts, strict=True)) / len(shifts)
-            for j in range(n)]
+def averaged_over_orders(per_order: Sequence[Sequence[float]], orders: Sequence[Order]) -> list[float]:
+    """Each option's log-probability averaged over the orders it was scored in (per_order[k] is in
+    position order for orders[k]); not normalised."""
+    n = len(per_order[0])
+    total = [0.0] * n
+    for probabilities, order in zip(per_order, orders, strict=True):
+        for position, log_p in enumerate(_logs(probabilities)):
+            total[order[position]] += log_p
+    return [x / len(orders) for x in total]
 
 
-def position_prior(per_shift: Sequence[Sequence[float]], shifts: Sequence[int]) -> list[float]:
+def position_prior(per_order: Sequence[Sequence[float]], orders: Sequence[object] = ()) -> list[float]:
     """One question's positional prior (PriDe): the softmax over positions of each position's
-    log-probability averaged over the orders."""
-    n = len(per_shift[0])
-    mean = [math.fsum(_logs(p)[i] for p in per_shift) / len(per_shift) for i in range(n)]
+    log-probability averaged over orders in which every option took every position once."""
+    n = len(per_order[0])
+    mean = [math.fsum(_logs(p)[i] for p in per_order) / len(per_order) for i in range(n)]
     return [math.exp(x) for x in _normalised(mean)]
 
 
@@ -132,15 +157,21 @@ class QuestionPlan:
     view: QuestionView
     adjustment: Adjustment
     debias: Debias  # what takes effect
-    shifts: tuple[int, ...]  # the orders scored, shift 0 first
+    orders: tuple[Order, ...]  # the orders averaged over (permute), or the request's order alone
     first: int  # its first view's index in `Plan.views`
     prior: Prior | None = None
     prior_source: str | None = None
     temperature: float | None = None
 
     @property
+    def scored(self) -> tuple[Order, ...]:
+        """The orders scored: the request's own first (the plain reading), then the others averaged."""
+        plain = tuple(range(self.view.option_count))
+        return (plain, *(o for o in self.orders if o != plain))
+
+    @property
     def views(self) -> list[QuestionView]:
-        return [shifted(self.view, s) for s in self.shifts]
+        return [arranged(self.view, order) for order in self.scored]
 
     @property
     def estimates_prior(self) -> bool:
@@ -158,7 +189,7 @@ class Plan:
         wanted: dict[QuestionView, None] = {}
         for q in self.questions:
             if q.adjustment.calibration == "contextual":
-                for view in (q.views if q.debias == "permute" else [q.view]):
+                for view in q.views:
                     wanted[view] = None
         return list(wanted)
 
@@ -175,23 +206,25 @@ def plan_job(model_id: str, questions: Sequence[QuestionView], adjustments: Sequ
         prior, source = (state.prior(view.option_count, calibration) if debias == "prior" else (None, None))
         if debias == "prior" and prior is None:
             debias = "permute"  # answered from its shifts while they estimate the prior
-        shifts = order_shifts(view.option_count) if debias == "permute" else (0,)
+        orders = debiasing_orders(view) if debias == "permute" else (tuple(range(view.option_count)),)
         temperature = None
         if adjustment.calibration == "fitted":
             temperature = calibration.temperature(debias if adjustment.debias != "prior" else "prior",
                                                   view.kind, view.option_count)
             if temperature is None:
                 raise DecisionError(400, no_fitted_calibration(model_id, adjustment.debias, view.kind))
-        plan = QuestionPlan(view, adjustment, debias, shifts, len(views), prior, source, temperature)
+        plan = QuestionPlan(view, adjustment, debias, orders, len(views), prior, source, temperature)
         plans.append(plan)
         views += plan.views
     return Plan(tuple(plans), tuple(views))
 
 
-def _debiased(plan: QuestionPlan, per_shift: Sequence[Sequence[float]]) -> list[float]:
+def _debiased(plan: QuestionPlan, scored: Sequence[Sequence[float]]) -> list[float]:
+    """Log-probabilities per option (request order) from the answers to `plan.scored`, debiased."""
     if plan.debias == "permute":
-        return averaged_over_shifts(per_shift, plan.shifts)
-    logs = _logs(per_shift[0])
+        by_order = dict(zip(plan.scored, scored, strict=True))
+        return averaged_over_orders([by_order[o] for o in plan.orders], plan.orders)
+    logs = _logs(scored[0])
     if plan.debias == "prior" and plan.prior is not None:
         logs = [x - math.log(max(p, LOG_FLOOR)) for x, p in zip(logs, plan.prior.probabilities, strict=True)]
     return logs
@@ -205,18 +238,17 @@ def combine(plan: Plan, answers: Sequence[ScoredAnswer], state: AdjustState,
     combined: list[ScoredAnswer] = []
     applied: list[Applied | None] = []
     for q in plan.questions:
-        scored = answers[q.first: q.first + len(q.shifts)]
+        scored = answers[q.first: q.first + len(q.scored)]
         plain = scored[0]
         if not q.adjustment.active:
             combined.append(plain)
             applied.append(None)
             continue
-        per_shift = [a.probabilities for a in scored]
-        logs = _debiased(q, per_shift)
+        per_order = [a.probabilities for a in scored]
+        logs = _debiased(q, per_order)
         content_free = None
         if q.adjustment.calibration == "contextual":
-            cf_views = q.views if q.debias == "permute" else [q.view]
-            cf_probabilities = [state.remembered(v) for v in cf_views]
+            cf_probabilities = [state.remembered(v) for v in q.views]
             if any(p is None for p in cf_probabilities):
                 raise RuntimeError("content-free answers were not scored before combining")
             cf_logs = _normalised(_debiased(q, cf_probabilities))  # type: ignore[arg-type]
@@ -226,12 +258,13 @@ def combine(plan: Plan, answers: Sequence[ScoredAnswer], state: AdjustState,
             logs = [x / q.temperature for x in logs]
         answer = replace(answer_from_logprobs(q.view.kind, _normalised(logs)), mass=plain.mass)
         estimate = None
-        if q.estimates_prior and len(q.shifts) == q.view.option_count:
+        if q.estimates_prior and len(q.orders) == q.view.option_count:
+            by_order = dict(zip(q.scored, per_order, strict=True))
             estimate = state.estimate(q.view.option_count)
-            estimate.add(position_prior(per_shift, q.shifts))
+            estimate.add(position_prior([by_order[o] for o in q.orders]))
         combined.append(answer)
         applied.append(Applied(
-            debias=q.debias, calibration=q.adjustment.calibration, raw=plain.probabilities, orders=len(q.shifts),
+            debias=q.debias, calibration=q.adjustment.calibration, raw=plain.probabilities, orders=len(q.orders),
             prior=q.prior.probabilities if q.prior is not None else None,
             prior_questions=q.prior.questions if q.prior is not None else (estimate.questions if estimate else None),
             prior_source=q.prior_source if q.prior is not None else ("estimating" if estimate else None),  # type: ignore[arg-type]
