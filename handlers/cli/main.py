@@ -1,6 +1,6 @@
-"""The `swama` command line: one module per command (serve, run, transcribe, and the model store's
-pull, create, list, aliases and rm), each adding its own parser; the flags of the server's options
-are made from the settings (options.py)."""
+"""The `swama` command line: one module per command (serve, run, transcribe, calibrate, and the model
+store's pull, create, list, aliases and rm), each adding its own parser; the flags of the server's
+options are made from the settings (options.py)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import logging
 import sys
 
 from swama.engine.client import EngineError, RuntimeSettings, SettingsError, prepare_process, read
-from swama.handlers.cli import models, run, serve, transcribe
+from swama.handlers.cli import calibrate, models, run, serve, transcribe
 from swama.handlers.cli.options import export
 from swama.handlers.http.version import package_version
 
 log = logging.getLogger("swama")
 # Commands that run models: they get the BLAS preload and the device before anything else.
-MODEL_COMMANDS = ("serve", "run", "transcribe")
+MODEL_COMMANDS = ("serve", "run", "transcribe", "calibrate")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_parser(sub)
     run.add_parser(sub)
     transcribe.add_parser(sub)
+    calibrate.add_parser(sub)
     models.add_parsers(sub)
     return parser
 

@@ -209,8 +209,11 @@ def plan_job(model_id: str, questions: Sequence[QuestionView], adjustments: Sequ
         orders = debiasing_orders(view) if debias == "permute" else (tuple(range(view.option_count)),)
         temperature = None
         if adjustment.calibration == "fitted":
-            temperature = calibration.temperature(debias if adjustment.debias != "prior" else "prior",
-                                                  view.kind, view.option_count)
+            # Fitted per debiasing method asked for; yes/no and score questions are never debiased,
+            # so the plain reading's temperature serves them under any method.
+            temperature = calibration.temperature(adjustment.debias, view.kind, view.option_count)
+            if temperature is None and view.kind != "choice":
+                temperature = calibration.temperature("none", view.kind, view.option_count)
             if temperature is None:
                 raise DecisionError(400, no_fitted_calibration(model_id, adjustment.debias, view.kind))
         plan = QuestionPlan(view, adjustment, debias, orders, len(views), prior, source, temperature)
