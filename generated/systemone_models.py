@@ -18,18 +18,6 @@ from pydantic import (
 )
 
 
-class SwamaCalibration(StrEnum):
-    none = "none"
-    contextual = "contextual"
-    fitted = "fitted"
-
-
-class SwamaDebias(StrEnum):
-    none = "none"
-    permute = "permute"
-    prior = "prior"
-
-
 class SwamaDecisionAdjustment(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
@@ -100,8 +88,20 @@ class SystemOneChoiceQuestion(BaseModel):
         dict[Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029]*[^\x00-\x20\x7f-\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000][^\x00-\x1f\x7f-\x9f\u2028\u2029]*$", min_length=1, strict=True)], StrictStr | dict[str, Any] | list[Any] | None],
         Field(max_length=255, min_length=2, title="Criteria"),
     ]
-    x_debias: SwamaDebias | None = None
-    x_calibration: SwamaCalibration | None = None
+    x_debias: SystemOneChoiceQuestionXDebias | None = None
+    x_calibration: SystemOneChoiceQuestionXCalibration | None = None
+
+
+class SystemOneChoiceQuestionXCalibration(StrEnum):
+    none = "none"
+    contextual = "contextual"
+    fitted = "fitted"
+
+
+class SystemOneChoiceQuestionXDebias(StrEnum):
+    none = "none"
+    permute = "permute"
+    prior = "prior"
 
 
 class SystemOneErrorResponse(BaseModel):
@@ -147,7 +147,13 @@ class SystemOneNoulQuestion(BaseModel):
         SystemOneText | SystemOneObject | SystemOneArray, Field(title="Instructions")
     ]
     criteria: SystemOneNoulCriteria | None = None
-    x_calibration: SwamaCalibration | None = None
+    x_calibration: SystemOneNoulQuestionXCalibration | None = None
+
+
+class SystemOneNoulQuestionXCalibration(StrEnum):
+    none = "none"
+    contextual = "contextual"
+    fitted = "fitted"
 
 
 class SystemOneObject(RootModel[dict[str, Any]]):
@@ -171,8 +177,8 @@ class SystemOneRequest(BaseModel):
     prompt_format_version: Annotated[None, Field(None)] = None
     return_prompt_token_ids: Annotated[None, Field(None)] = None
     video: Annotated[None, Field(None)] = None
-    x_debias: SwamaDebias | None = None
-    x_calibration: SwamaCalibration | None = None
+    x_debias: SystemOneRequestXDebias | None = None
+    x_calibration: SystemOneRequestXCalibration | None = None
 
 
 class SystemOneRequestChatTemplateKwargs(BaseModel):
@@ -198,6 +204,18 @@ class SystemOneRequestImages1ContentType(StrEnum):
     image_png = "image/png"
     image_jpeg = "image/jpeg"
     image_webp = "image/webp"
+
+
+class SystemOneRequestXCalibration(StrEnum):
+    none = "none"
+    contextual = "contextual"
+    fitted = "fitted"
+
+
+class SystemOneRequestXDebias(StrEnum):
+    none = "none"
+    permute = "permute"
+    prior = "prior"
 
 
 class SystemOneResponse(BaseModel):
@@ -239,7 +257,7 @@ class SystemOneScoreQuestion(BaseModel):
         list[SystemOneText | SystemOneObject | SystemOneArray],
         Field(max_length=10, min_length=2, title="Criteria"),
     ]
-    x_calibration: SwamaCalibration | None = None
+    x_calibration: SystemOneScoreQuestionXCalibration | None = None
 
 
 class SystemOneQuestion(
@@ -249,6 +267,12 @@ class SystemOneQuestion(
         SystemOneNoulQuestion | SystemOneChoiceQuestion | SystemOneScoreQuestion,
         Field(discriminator="type"),
     ]
+
+
+class SystemOneScoreQuestionXCalibration(StrEnum):
+    none = "none"
+    contextual = "contextual"
+    fitted = "fitted"
 
 
 class SystemOneText(RootModel[StrictStr]):

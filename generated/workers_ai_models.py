@@ -19,18 +19,6 @@ from pydantic import (
 from typing_extensions import TypeAliasType
 
 
-class SwamaCalibration(StrEnum):
-    none = "none"
-    contextual = "contextual"
-    fitted = "fitted"
-
-
-class SwamaDebias(StrEnum):
-    none = "none"
-    permute = "permute"
-    prior = "prior"
-
-
 class SwamaDecisionAdjustment(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
@@ -108,12 +96,24 @@ class WorkersAiClefChoiceQuestion(BaseModel):
         dict[Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029]*[^\x00-\x20\x7f-\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000][^\x00-\x1f\x7f-\x9f\u2028\u2029]*$", min_length=1, strict=True)], StrictStr | dict[str, Any] | list[Any] | None],
         Field(max_length=255, min_length=2),
     ]
-    x_debias: SwamaDebias | None = None
-    x_calibration: SwamaCalibration | None = None
+    x_debias: WorkersAiClefChoiceQuestionXDebias | None = None
+    x_calibration: WorkersAiClefChoiceQuestionXCalibration | None = None
 
 
 class WorkersAiClefChoiceQuestionType(StrEnum):
     choice = "choice"
+
+
+class WorkersAiClefChoiceQuestionXCalibration(StrEnum):
+    none = "none"
+    contextual = "contextual"
+    fitted = "fitted"
+
+
+class WorkersAiClefChoiceQuestionXDebias(StrEnum):
+    none = "none"
+    permute = "permute"
+    prior = "prior"
 
 
 class WorkersAiClefFlashChoiceAnswer(BaseModel):
@@ -144,12 +144,24 @@ class WorkersAiClefFlashChoiceQuestion(BaseModel):
         dict[Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029]*[^\x00-\x20\x7f-\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000][^\x00-\x1f\x7f-\x9f\u2028\u2029]*$", min_length=1, strict=True)], StrictStr | dict[str, Any] | list[Any] | None],
         Field(max_length=255, min_length=2),
     ]
-    x_debias: SwamaDebias | None = None
-    x_calibration: SwamaCalibration | None = None
+    x_debias: WorkersAiClefFlashChoiceQuestionXDebias | None = None
+    x_calibration: WorkersAiClefFlashChoiceQuestionXCalibration | None = None
 
 
 class WorkersAiClefFlashChoiceQuestionType(StrEnum):
     choice = "choice"
+
+
+class WorkersAiClefFlashChoiceQuestionXCalibration(StrEnum):
+    none = "none"
+    contextual = "contextual"
+    fitted = "fitted"
+
+
+class WorkersAiClefFlashChoiceQuestionXDebias(StrEnum):
+    none = "none"
+    permute = "permute"
+    prior = "prior"
 
 
 class WorkersAiClefFlashNoulAnswer(BaseModel):
@@ -169,11 +181,17 @@ class WorkersAiClefFlashNoulQuestion(BaseModel):
     type: Literal["noul"]
     instructions: WorkersAiText | WorkersAiObject | WorkersAiArray
     criteria: WorkersAiNoulCriteria | None = None
-    x_calibration: SwamaCalibration | None = None
+    x_calibration: WorkersAiClefFlashNoulQuestionXCalibration | None = None
 
 
 class WorkersAiClefFlashNoulQuestionType(StrEnum):
     noul = "noul"
+
+
+class WorkersAiClefFlashNoulQuestionXCalibration(StrEnum):
+    none = "none"
+    contextual = "contextual"
+    fitted = "fitted"
 
 
 class WorkersAiClefFlashRequest(BaseModel):
@@ -186,8 +204,8 @@ class WorkersAiClefFlashRequest(BaseModel):
         list[WorkersAiClefFlashRequestImages | WorkersAiClefFlashRequestImages1] | None,
         Field(max_length=4),
     ] = None
-    x_debias: SwamaDebias | None = None
-    x_calibration: SwamaCalibration | None = None
+    x_debias: WorkersAiClefFlashRequestXDebias | None = None
+    x_calibration: WorkersAiClefFlashRequestXCalibration | None = None
 
 
 class WorkersAiClefFlashRequestImages(RootModel[StrictStr]):
@@ -206,6 +224,18 @@ class WorkersAiClefFlashRequestImages1ContentType(StrEnum):
     image_png = "image/png"
     image_jpeg = "image/jpeg"
     image_webp = "image/webp"
+
+
+class WorkersAiClefFlashRequestXCalibration(StrEnum):
+    none = "none"
+    contextual = "contextual"
+    fitted = "fitted"
+
+
+class WorkersAiClefFlashRequestXDebias(StrEnum):
+    none = "none"
+    permute = "permute"
+    prior = "prior"
 
 
 class WorkersAiClefFlashResponse(BaseModel):
@@ -268,7 +298,7 @@ class WorkersAiClefFlashScoreQuestion(BaseModel):
         list[WorkersAiText | WorkersAiObject | WorkersAiArray],
         Field(max_length=10, min_length=2),
     ]
-    x_calibration: SwamaCalibration | None = None
+    x_calibration: WorkersAiClefFlashScoreQuestionXCalibration | None = None
 
 
 class WorkersAiClefFlashQuestion(
@@ -288,6 +318,12 @@ class WorkersAiClefFlashScoreQuestionType(StrEnum):
     score = "score"
 
 
+class WorkersAiClefFlashScoreQuestionXCalibration(StrEnum):
+    none = "none"
+    contextual = "contextual"
+    fitted = "fitted"
+
+
 class WorkersAiClefNoulAnswer(BaseModel):
     type: Literal["noul"]
     noul: Annotated[StrictFloat, Field(ge=0.0, le=1.0)]
@@ -305,11 +341,17 @@ class WorkersAiClefNoulQuestion(BaseModel):
     type: Literal["noul"]
     instructions: WorkersAiText | WorkersAiObject | WorkersAiArray
     criteria: WorkersAiNoulCriteria | None = None
-    x_calibration: SwamaCalibration | None = None
+    x_calibration: WorkersAiClefNoulQuestionXCalibration | None = None
 
 
 class WorkersAiClefNoulQuestionType(StrEnum):
     noul = "noul"
+
+
+class WorkersAiClefNoulQuestionXCalibration(StrEnum):
+    none = "none"
+    contextual = "contextual"
+    fitted = "fitted"
 
 
 class WorkersAiClefRequest(BaseModel):
@@ -322,8 +364,8 @@ class WorkersAiClefRequest(BaseModel):
         list[WorkersAiClefRequestImages | WorkersAiClefRequestImages1] | None,
         Field(max_length=4),
     ] = None
-    x_debias: SwamaDebias | None = None
-    x_calibration: SwamaCalibration | None = None
+    x_debias: WorkersAiClefRequestXDebias | None = None
+    x_calibration: WorkersAiClefRequestXCalibration | None = None
 
 
 class WorkersAiClefRequestImages(RootModel[StrictStr]):
@@ -342,6 +384,18 @@ class WorkersAiClefRequestImages1ContentType(StrEnum):
     image_png = "image/png"
     image_jpeg = "image/jpeg"
     image_webp = "image/webp"
+
+
+class WorkersAiClefRequestXCalibration(StrEnum):
+    none = "none"
+    contextual = "contextual"
+    fitted = "fitted"
+
+
+class WorkersAiClefRequestXDebias(StrEnum):
+    none = "none"
+    permute = "permute"
+    prior = "prior"
 
 
 class WorkersAiClefResponse(BaseModel):
@@ -404,7 +458,7 @@ class WorkersAiClefScoreQuestion(BaseModel):
         list[WorkersAiText | WorkersAiObject | WorkersAiArray],
         Field(max_length=10, min_length=2),
     ]
-    x_calibration: SwamaCalibration | None = None
+    x_calibration: WorkersAiClefScoreQuestionXCalibration | None = None
 
 
 class WorkersAiClefQuestion(
@@ -422,6 +476,12 @@ class WorkersAiClefQuestion(
 
 class WorkersAiClefScoreQuestionType(StrEnum):
     score = "score"
+
+
+class WorkersAiClefScoreQuestionXCalibration(StrEnum):
+    none = "none"
+    contextual = "contextual"
+    fitted = "fitted"
 
 
 class WorkersAiErrorResponse(BaseModel):
