@@ -49,10 +49,17 @@ def test_claude_code_print_mode_end_to_end(claude_code: Path, model_server: Live
     }
     (tmp_path / "home").mkdir()
     before, refused = _count(model_server, "200"), _count(model_server, "400")
-    out = subprocess.run(
-        [str(claude_code), "-p", "Read the file note.txt and tell me the code word in it.", "--model", "smollm2",
-         "--bare", "--tools", "Read", "--no-session-persistence", "--output-format", "json"],
-        cwd=work, env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    # Claude Code samples at its own temperature; now and then SmolLM2 rambles past the output cap on
+    # every resumption and Claude Code gives up ("max_output_tokens"): that draw is the model's, not
+    # the protocol's, so it is drawn again (at most twice more). Any other failure fails at once.
+    for _ in range(3):
+        out = subprocess.run(
+            [str(claude_code), "-p", "Read the file note.txt and tell me the code word in it.", "--model", "smollm2",
+             "--bare", "--tools", "Read", "--no-session-persistence", "--output-format", "json"],
+            cwd=work, env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+        rambled = out.returncode != 0 and '"api_error":"max_output_tokens"' in out.stdout
+        if not rambled:
+            break
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     result = json.loads(out.stdout)
     assert result["type"] == "result" and result["is_error"] is False and result["terminal_reason"] == "completed"
