@@ -38,7 +38,7 @@ from swama.engine.decisions.adjust.methods import (
     Calibration,
     Debias,
 )
-from swama.engine.decisions.adjust.plan import order_shifts, position_prior, shifted
+from swama.engine.decisions.adjust.plan import floored_logs, order_shifts, position_prior, shifted
 from swama.engine.decisions.adjust.store import CalibrationFile, Prior, read_calibration, write_calibration
 from swama.engine.decisions.checkpoints import CheckpointResult
 from swama.engine.decisions.decide import DecisionJob, DecisionResult
@@ -148,7 +148,7 @@ __all__ = [
     "systemone_score_view", "write_calibration",
     # decision calibration: fitting and measuring it (swama calibrate)
     "PROMPT_FORMAT_VERSION", "ReliabilityBin", "accuracy", "apply_temperature", "brier_score",
-    "expected_calibration_error", "fit_temperature", "order_shifts", "position_prior", "reliability_bins", "shifted",
+    "expected_calibration_error", "fit_temperature", "floored_logs", "order_shifts", "position_prior", "reliability_bins", "shifted",
 ]
 
 

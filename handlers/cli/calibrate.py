@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import random
 import sys
 from collections.abc import Sequence
@@ -51,6 +50,7 @@ from swama.engine.client import (
     brier_score,
     expected_calibration_error,
     fit_temperature,
+    floored_logs,
     model_files,
     open_engine,
     order_shifts,
@@ -76,7 +76,6 @@ KIND_OF_TYPE = {"predicate": "yes_no", "choice": "choice", "score": "score"}
 MIN_FIT = 5  # fit-set examples a kind needs for a temperature of its own
 MIN_FIT_PER_COUNT = 8  # ... and one option count of a kind, with --per-option-count
 QUESTIONS_PER_JOB = 64  # questions about one input scored in one engine job
-LOG_FLOOR = 1e-300
 DEFAULT_CONTEXT_LIMIT: int = EngineSettings.model_fields["context_limit"].default
 CALIBRATIONS = ("none", "fitted", "contextual")
 
@@ -323,8 +322,6 @@ def split(records: Sequence[Record], holdout: float, seed: int, *,
     return sorted(fit, key=lambda r: r.line), sorted(held, key=lambda r: r.line)
 
 
-def _logs(probabilities: Sequence[float]) -> list[float]:
-    return [math.log(max(p, LOG_FLOOR)) for p in probabilities]
 
 
 def fit_temperatures(records: Sequence[Record], probabilities: Sequence[Sequence[float]], *,
@@ -343,7 +340,7 @@ def fit_temperatures(records: Sequence[Record], probabilities: Sequence[Sequence
             if notes is not None and "/" not in key:
                 notes.append(f"{key}: {len(indices)} examples to fit, fewer than {least}: no temperature")
             continue
-        fitted[key] = round(fit_temperature([_logs(probabilities[i]) for i in indices],
+        fitted[key] = round(fit_temperature([floored_logs(probabilities[i]) for i in indices],
                                             [records[i].gold for i in indices]), 6)
     return fitted
 

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .plan import LOG_FLOOR
+
 MIN_TEMPERATURE, MAX_TEMPERATURE = 0.05, 20.0
-LOG_FLOOR = 1e-300  # a probability that underflowed to 0 counts as this, so its log stays finite
 _GRID = 97  # log-spaced temperatures tried before the golden-section refinement
 _GOLDEN = (math.sqrt(5) - 1) / 2
 

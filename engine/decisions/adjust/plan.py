@@ -74,7 +74,7 @@ def debiasing_orders(view: QuestionView) -> tuple[Order, ...]:
     return tuple(tuple(base[(i + s) % n] for i in range(n)) for s in order_shifts(n))
 
 
-def _logs(probabilities: Sequence[float]) -> list[float]:
+def floored_logs(probabilities: Sequence[float]) -> list[float]:
     return [math.log(max(p, LOG_FLOOR)) for p in probabilities]
 
 
@@ -90,7 +90,7 @@ def averaged_over_orders(per_order: Sequence[Sequence[float]], orders: Sequence[
     n = len(per_order[0])
     total = [0.0] * n
     for probabilities, order in zip(per_order, orders, strict=True):
-        for position, log_p in enumerate(_logs(probabilities)):
+        for position, log_p in enumerate(floored_logs(probabilities)):
             total[order[position]] += log_p
     return [x / len(orders) for x in total]
 
@@ -99,7 +99,7 @@ def position_prior(per_order: Sequence[Sequence[float]], orders: Sequence[object
     """One question's positional prior (PriDe): the softmax over positions of each position's
     log-probability averaged over orders in which every option took every position once."""
     n = len(per_order[0])
-    mean = [math.fsum(_logs(p)[i] for p in per_order) / len(per_order) for i in range(n)]
+    mean = [math.fsum(floored_logs(p)[i] for p in per_order) / len(per_order) for i in range(n)]
     return [math.exp(x) for x in _normalised(mean)]
 
 
@@ -227,7 +227,7 @@ def _debiased(plan: QuestionPlan, scored: Sequence[Sequence[float]]) -> list[flo
     if plan.debias == "permute":
         by_order = dict(zip(plan.scored, scored, strict=True))
         return averaged_over_orders([by_order[o] for o in plan.orders], plan.orders)
-    logs = _logs(scored[0])
+    logs = floored_logs(scored[0])
     if plan.debias == "prior" and plan.prior is not None:
         logs = [x - math.log(max(p, LOG_FLOOR)) for x, p in zip(logs, plan.prior.probabilities, strict=True)]
     return logs
