@@ -126,7 +126,7 @@ from swama.engine.text.tool_calls import ToolCall
 __all__ = [
     # ranks: one model split across processes
     "EXIT_GROUP_FAILED", "FAILURE_LINE", "READY_LINE", "STARTUP_TIMEOUT", "GroupFailed", "RankGroup", "current_group",
-    "follow_group", "group_backend", "join_group", "split_of",
+    "follow_group", "gpu_count", "group_backend", "join_group", "split_of",
     # constants
     "CALIBRATION_METHODS", "CLIENT_CLOSED", "DEBIAS_METHODS", "DECISION", "DEFAULT_MODEL", "DEFAULT_TEMPERATURE", "DEFAULT_TOP_P", "DEVICE_CHOICES",
     "DTYPE_CHOICES", "EFFORT_BUDGETS", "EMBEDDING", "IMAGES_NEED_VISION", "KINDS", "LANGUAGE", "MAX_TOP_LOGPROBS", "NO_SPEECH",
@@ -305,6 +305,13 @@ def group_backend(requested: str) -> str:
     from swama.engine.runtime import on_gpu
 
     return requested if requested != "auto" else ("nccl" if on_gpu() else "ring")
+
+
+def gpu_count() -> int:
+    """The GPUs this process may use (one per NCCL rank)."""
+    from swama.engine.runtime import gpu_count as count
+
+    return count()
 
 
 def split_of(path: Path, ranks: int, backend: str) -> str:

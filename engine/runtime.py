@@ -164,6 +164,18 @@ def gpu_available() -> bool:
         return False
 
 
+def gpu_count() -> int:
+    """How many GPUs MLX can open here (those CUDA_VISIBLE_DEVICES leaves visible); 0 without a GPU build."""
+    if gpu_build() is None:
+        return 0
+    import mlx.core as mx
+
+    try:
+        return int(mx.device_count(mx.gpu))
+    except Exception:  # a GPU build without a usable driver
+        return 0
+
+
 def no_gpu_message() -> str:
     if gpu_build() is None:
         return ("no GPU backend is installed: MLX here is the CPU build. On an NVIDIA machine install "

@@ -36,6 +36,7 @@ from swama.engine.client import (
     GroupFailed,
     env_of,
     follow_group,
+    gpu_count,
     group_backend,
     join_group,
     model_files,
@@ -47,6 +48,10 @@ from swama.handlers.http.settings import ServerSettings
 SCALE_FIELDS = {"ranks", "hostfile", "rank_restarts", "replicas", "ray_address", "min_replicas", "max_replicas",
                 "default_model", "group_restarts", "group_last_failure", "group_notice"}
 STOP_SECONDS = 10.0  # how long a rank may take to stop before it is killed
+# What NCCL runs with unless the environment says otherwise. NVLink multicast (NVLS) buys nothing for
+# the small all-sums of decoding, reserves GPU memory of its own, and on hosts whose GPUs are shared
+# a fault in it can take them all down: it is off unless asked for (NCCL_NVLS_ENABLE=1).
+NCCL_DEFAULTS = {"NCCL_NVLS_ENABLE": "0"}
 
 
 # -- a rank: join the group, then serve HTTP (rank 0) or follow ----------------------------------
@@ -190,11 +195,35 @@ def _hosts(path: Path) -> list[dict[str, object]]:
     return hosts
 
 
+def launcher(script: Path) -> list[str]:
+    """The command that runs mlx.launch: its console script beside this Python, or, where MLX was
+    installed without one (pip --target), its main function (its module has no __main__ to run)."""
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-c", "import sys; from mlx._distributed_utils.launch import main; "
+            "sys.argv[0] = 'mlx.launch'; sys.exit(main())"]
+
+
+def rank_gpus(size: int, visible: str | None, count: int) -> list[str]:
+    """The GPU each rank of an NCCL group on this machine takes, as its CUDA_VISIBLE_DEVICES: one
+    each, in the order this process sees them (with CUDA_VISIBLE_DEVICES=2,3 the ranks get GPUs 2
+    and 3). BadInput when there are fewer GPUs than ranks: NCCL refuses two ranks on one GPU."""
+    devices = [d.strip() for d in visible.split(",") if d.strip()] if visible else [str(i) for i in range(count)]
+    if len(devices) < size:
+        seen = f"CUDA_VISIBLE_DEVICES={visible} leaves {len(devices)}" if visible else f"this machine has {count}"
+        raise BadInput(f"--ranks {size} puts each rank on a GPU of its own (NCCL), and {seen} GPU"
+                       f"{'' if len(devices) == 1 else 's'}: ask for at most {len(devices)} rank{'' if len(devices) == 1 else 's'}, or split "
+                       "across machines with --hostfile")
+    return devices[:size]
+
+
 def rank_environment(settings: ServerSettings, budget: int) -> dict[str, str]:
     """The options every rank runs with, as the environment variables they are read from: the
     supervisor's own are left out; the prompt cache's size is fixed, so every rank's cache (which
-    must stay the same as rank 0's) gets the same budget even on hosts with more memory."""
-    env = {k: v for k, v in os.environ.items() if k.startswith("SWAMA_")}
+    must stay the same as rank 0's) gets the same budget even on hosts with more memory. NCCL's
+    defaults (NCCL_DEFAULTS) are added where the environment does not set them."""
+    env = {k: v for k, v in NCCL_DEFAULTS.items() if k not in os.environ}
+    env.update({k: v for k, v in os.environ.items() if k.startswith("SWAMA_")})
     for name in ServerSettings.model_fields:
         value = getattr(settings, name)
         if name not in SCALE_FIELDS and value is not None:
@@ -204,11 +233,12 @@ def rank_environment(settings: ServerSettings, budget: int) -> dict[str, str]:
 
 
 class Supervisor:
-    def __init__(self, settings: ServerSettings, model: str, backend: str) -> None:
+    def __init__(self, settings: ServerSettings, model: str, backend: str, gpus: list[str] | None = None) -> None:
         self.settings = settings
         self.model = model
         self.backend = backend
         self.size = settings.ranks or len(_hosts(settings.hostfile))
+        self.gpus = gpus  # each rank's CUDA_VISIBLE_DEVICES (NCCL on this machine)
         self.env = rank_environment(settings, settings.prompt_cache_budget())
         self.command = [sys.executable, "-m", "swama.handlers.cli", "serve", model]
         self.stopping = False  # set by SIGINT or SIGTERM; a plain flag, safe to set in a signal handler
@@ -240,8 +270,8 @@ class Supervisor:
         processes = []
         for rank in range(self.size):
             rank_env = {**os.environ, **env, **shared, "MLX_RANK": str(rank)}
-            if self.backend == "nccl":
-                rank_env["CUDA_VISIBLE_DEVICES"] = str(rank)
+            if self.gpus is not None:
+                rank_env["CUDA_VISIBLE_DEVICES"] = self.gpus[rank]
             processes.append(subprocess.Popen(self.command, env=rank_env, stdin=subprocess.DEVNULL,
                                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                               start_new_session=True))
@@ -252,8 +282,7 @@ class Supervisor:
 
     def _launch(self, env: dict[str, str], notice: Path) -> _Group:
         """The ranks of a host file, through mlx.launch."""
-        launcher = Path(sys.executable).with_name("mlx.launch")
-        command = [str(launcher)] if launcher.exists() else [sys.executable, "-m", "mlx._distributed_utils.launch"]
+        command = launcher(Path(sys.executable).with_name("mlx.launch"))
         command += ["--hostfile", str(self.settings.hostfile.expanduser()), "--backend", self.backend,
                     "--starting-port", str(_free_ports(1)[0]), "--nccl-port", str(_free_ports(1)[0])]
         for key, value in env.items():
@@ -350,7 +379,10 @@ def serve_ranks(settings: ServerSettings) -> int:
         print(f"error: rank 0 cannot listen on {settings.host}:{settings.port}: {taken}", file=sys.stderr)
         return 2
     backend = group_backend(settings.rank_backend)
-    supervisor = Supervisor(settings, installed.id, backend)
+    gpus = None  # refused here too, before any rank starts, when there are fewer GPUs than ranks
+    if backend == "nccl" and settings.ranks:
+        gpus = rank_gpus(settings.ranks, os.environ.get("CUDA_VISIBLE_DEVICES"), gpu_count())
+    supervisor = Supervisor(settings, installed.id, backend, gpus)
     split = split_of(installed.path, supervisor.size, backend)  # refused here, before any rank starts
     where = "this machine" if settings.ranks else f"the hosts of {settings.hostfile}"
     print(f"swama: splitting {installed.id} across {supervisor.size} ranks on {where} ({split} parallel, "
