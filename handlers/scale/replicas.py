@@ -11,6 +11,7 @@ behind; with it the server joins that cluster and, on exit, removes only its own
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import socket
@@ -60,6 +61,10 @@ def _engine_options(settings: ServerSettings) -> dict[str, Any]:
 
     initial, least, most = _replica_counts(settings)
     gpu = _on_gpus()
+    share = gpu_share(most, _cluster_gpus(), local=settings.ray_address is None) if gpu else 0
+    if 0 < share < 1:
+        print(f"swama: {most} replicas share this machine's {_cluster_gpus():g} GPU"
+              f"{'' if _cluster_gpus() == 1 else 's'}, {share:g} of a GPU each", file=sys.stderr, flush=True)
     # A replica's engine admits its batch and its own queue; Serve holds at most one more queue's worth
     # before the ingress answers 429, as one process would.
     options: dict[str, Any] = {
@@ -70,10 +75,11 @@ def _engine_options(settings: ServerSettings) -> dict[str, Any]:
         "graceful_shutdown_timeout_s": GRACEFUL_STOP_SECONDS,
         "request_router_config": RequestRouterConfig(
             request_router_class=AffinityRouter, request_router_kwargs={"imbalance": settings.batch_rows}),
-        # A GPU each, or this machine's cores shared out between the most replicas there may be: Ray
-        # places replicas by these, and sets a replica's BLAS threads (OMP_NUM_THREADS) to its CPUs.
+        # A GPU each (or a share of one, see gpu_share), or this machine's cores shared out between
+        # the most replicas there may be: Ray places replicas by these, and sets a replica's BLAS
+        # threads (OMP_NUM_THREADS) to its CPUs.
         "ray_actor_options": {"num_cpus": 0 if gpu else max(1, (os.cpu_count() or 1) // most),
-                              "num_gpus": 1 if gpu else 0,
+                              "num_gpus": share,
                               "runtime_env": {"env_vars": _replica_env()}},
     }
     if least == most and settings.min_replicas is None:
@@ -83,6 +89,22 @@ def _engine_options(settings: ServerSettings) -> dict[str, Any]:
         options["autoscaling_config"] = {"min_replicas": least, "max_replicas": most, "initial_replicas": initial,
                                          "target_ongoing_requests": settings.batch_rows}
     return options
+
+
+def gpu_share(replicas: int, gpus: float, local: bool) -> float:
+    """The GPUs one replica reserves: one each where there are enough. On a local Ray with fewer GPUs
+    than replicas they share the GPUs out (two replicas on one GPU reserve half each), so that more
+    engine processes, each with its own host thread, feed the same device; a cluster given with
+    --ray-address keeps one each, since it may add nodes to place them."""
+    if not local or gpus >= replicas or gpus <= 0:
+        return 1.0
+    return math.floor(gpus / replicas * 100) / 100
+
+
+def _cluster_gpus() -> float:
+    import ray
+
+    return float(ray.cluster_resources().get("GPU", 0))
 
 
 def _on_gpus() -> bool:

@@ -269,3 +269,13 @@ def test_replica_counts_and_autoscaling_on_queue_depth(monkeypatch: pytest.Monke
     assert replicas._describe(ServerSettings(min_replicas=1, max_replicas=4))[0] == "1 replica (autoscaled 1-4)"
     assert replicas._describe(ServerSettings(replicas=2, ray_address="head:6379")) == (
         "2 replicas", "the Ray cluster at head:6379")
+
+
+def test_replicas_take_a_gpu_each_or_share_a_local_machine_s_gpus() -> None:
+    from swama.handlers.scale.replicas import gpu_share
+
+    assert gpu_share(4, 8, local=True) == 1.0  # enough GPUs: one each
+    assert gpu_share(2, 1, local=True) == 0.5  # two engines feed one GPU
+    assert gpu_share(3, 1, local=True) == 0.33  # rounded down, so that all three fit
+    assert gpu_share(8, 4, local=True) == 0.5
+    assert gpu_share(2, 1, local=False) == 1.0  # a cluster may add nodes to place them
