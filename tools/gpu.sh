@@ -12,6 +12,7 @@
 #           bash tools/gpu.sh install             join the parts, install into /tmp/swama-gpu
 #           bash tools/gpu.sh test [PYTEST ARGS]  the whole suite on the CUDA backend
 #           bash tools/gpu.sh bench               the GPU benchmarks
+#           bash tools/gpu.sh scale [ARGS]        ranks and replicas over the GPUs (tools.bench.gpus)
 #
 # Results (logs, JUnit XML, benchmark tables) go to $OUT when it is set, else /tmp/swama-gpu/out.
 set -euo pipefail
@@ -20,7 +21,7 @@ cd "$(dirname "$0")/.."
 ROOT=${SWAMA_GPU_ROOT:-/tmp/swama-gpu}
 OUT=${OUT:-$ROOT/out}
 BUNDLE=.gpu
-PART_MIB=${2:-60}
+PART_MIB=${2:-56}  # a part and the checkout (about 4 MiB) travel together under 64 MiB
 # pip matches platform tags exactly, so every glibc a wheel may name is listed: manylinux_2_N for
 # each N from 5 (the manylinux1 baseline) up to the target's glibc, plus the legacy aliases.
 TARGET_GLIBC_MINOR=${SWAMA_GPU_GLIBC_MINOR:-39}
@@ -44,9 +45,21 @@ requirements() {
 import tomllib
 project = tomllib.load(open("pyproject.toml", "rb"))["project"]
 extras = project["optional-dependencies"]
-for req in project["dependencies"] + extras["cuda"] + extras["test"] + extras["dev"]:
-    if not req.startswith("swama"):
-        print(req)
+# lm-eval needs sqlitedict, published as source only, which a wheels-only bundle cannot carry: the
+# lm-evaluation-harness tests skip there.
+NOT_BUNDLED = ("lm-eval",)
+seen = set()
+def walk(reqs):  # an extra may name others of this project ("swama[dev]", "swama[scale]")
+    for req in reqs:
+        if req.startswith("swama["):
+            for name in req[len("swama["):].rstrip("]").split(","):
+                if name not in seen:
+                    seen.add(name)
+                    walk(extras[name.strip()])
+        elif req not in seen and not req.startswith(NOT_BUNDLED):
+            seen.add(req)
+            print(req)
+walk(project["dependencies"] + extras["cuda"] + extras["test"])
 EOF
 }
 
@@ -135,6 +148,8 @@ environment() {
     export ESPEAK_DATA_PATH="$ROOT/bundle/espeak/espeak-ng-data"
     export PHONEMIZER_ESPEAK_LIBRARY="$ROOT/bundle/espeak/lib/libespeak-ng.so.1"
     export SWAMA_TEST_CACHE="$ROOT/cache" PYTHONUNBUFFERED=1
+    # NVLink multicast stays off in every process started from here (NCCL, PyTorch, NVSHMEM).
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 }
 
 cmd_test() {
@@ -159,13 +174,23 @@ cmd_bench() {
         | tee "$OUT/bench.log"
 }
 
+cmd_scale() {
+    environment
+    mkdir -p "$OUT"
+    [ -f "$OUT/benchmarks.md" ] || cp docs/benchmarks.md "$OUT/benchmarks.md"
+    set -o pipefail
+    python3 -m tools.bench.gpus --models-dir "$ROOT/shaped" --write "$OUT/benchmarks.md" "$@" 2>&1 \
+        | tee "$OUT/scale.log"
+}
+
 case "${1:-}" in
     bundle) cmd_bundle ;;
     receive) cmd_receive "${2:?part number}" ;;
     install) cmd_install ;;
     test) shift; cmd_test "$@" ;;
     bench) shift; cmd_bench "$@" ;;
+    scale) shift; cmd_scale "$@" ;;
     env) environment; shift; exec "$@" ;;
     platforms) printf '%s\n' "${PLATFORMS[@]}" ;;
-    *) sed -n '2,15p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,16p' "$0" >&2; exit 2 ;;
 esac

@@ -40,6 +40,22 @@ def test_shaped_configs_have_the_real_sizes(arch: str, smollm2_dir: Path) -> Non
     assert "lm_head.weight" not in shapes
 
 
+# Qwen3-14B and -32B: all parameters, and without the embedding table and the (untied) output head,
+# as their model cards count them (14.8B / 13.2B, 32.8B / 31.2B).
+UNTIED_SIZES = {"qwen3-14b": (14_768_307_200, 13_212_482_560), "qwen3-32b": (32_762_123_264, 31_206_298_624)}
+
+
+@pytest.mark.parametrize("arch", sorted(UNTIED_SIZES))
+def test_larger_shapes_have_the_real_sizes_and_their_own_output_head(arch: str) -> None:
+    config = shaped_config(arch)
+    shapes = parameter_shapes(config)
+    head = shapes["lm_head.weight"][0] * shapes["lm_head.weight"][1]
+    assert not config["tie_word_embeddings"] and shapes["lm_head.weight"] == shapes["model.embed_tokens.weight"]
+    assert (parameter_count(config), parameter_count(config, embeddings=False) - head) == UNTIED_SIZES[arch]
+    assert config["num_attention_heads"] % 8 == 0 or config["num_attention_heads"] == 40
+    assert config["num_key_value_heads"] == 8  # tensor parallel splits up to 8 ranks
+
+
 def test_random_safetensors_are_bfloat16_with_zero_rows_past_the_tokenizer(tmp_path: Path) -> None:
     import mlx.core as mx
 

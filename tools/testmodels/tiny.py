@@ -326,6 +326,23 @@ SHAPED_CONFIGS["qwen3-4b"] = {
     "num_attention_heads": 32,
     "max_window_layers": 36,
 }
+# The larger ones do not tie the output head to the embeddings.
+SHAPED_CONFIGS["qwen3-14b"] = {
+    **SHAPED_CONFIGS["qwen3-0.6b"],
+    "hidden_size": 5120,
+    "intermediate_size": 17408,
+    "num_hidden_layers": 40,
+    "num_attention_heads": 40,
+    "max_window_layers": 40,
+    "tie_word_embeddings": False,
+}
+SHAPED_CONFIGS["qwen3-32b"] = {
+    **SHAPED_CONFIGS["qwen3-14b"],
+    "intermediate_size": 25600,
+    "num_hidden_layers": 64,
+    "num_attention_heads": 64,
+    "max_window_layers": 64,
+}
 # Small enough that 36 random layers keep the logits finite and moderate in bfloat16.
 SHAPED_WEIGHT_STD = 0.02
 
