@@ -30,7 +30,8 @@ class ServerSettings(EngineSettings):
     # one endpoint.
     ranks: int | None = option(
         None, "split MODEL across N ranks on this machine (mlx-lm's tensor or pipeline sharding over MLX "
-              "distributed: the ring backend on the CPU, NCCL on NVIDIA GPUs, one GPU per rank); rank 0 serves HTTP",
+              "distributed: the ring backend on the CPU, NCCL on NVIDIA GPUs, one GPU per rank, NVLink multicast off "
+              "unless NCCL_NVLS_ENABLE=1); rank 0 serves HTTP",
         metavar="N", default_text="one process", ge=2)
     hostfile: Path | None = option(
         None, "split MODEL across the hosts of an mlx.launch host file, one rank per entry, started by mlx.launch "
@@ -45,7 +46,8 @@ class ServerSettings(EngineSettings):
                                    "naming the failed rank", metavar="N", ge=0)
     replicas: int | None = option(
         None, "serve N independent copies of the engine behind one endpoint with Ray Serve, each request routed "
-              "to the copy that holds its prompt's cached prefix, else the least loaded", metavar="N",
+              "to the copy that holds its prompt's cached prefix, else the least loaded; a GPU each where there "
+              "are GPUs, or a share of one when this machine has fewer GPUs than replicas", metavar="N",
         default_text="one process", ge=1)
     ray_address: str | None = option(None, "join this Ray cluster with --replicas instead of starting a local one",
                                      metavar="ADDRESS", default_text="a local Ray started for the server")
