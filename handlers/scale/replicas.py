@@ -61,10 +61,11 @@ def _engine_options(settings: ServerSettings) -> dict[str, Any]:
 
     initial, least, most = _replica_counts(settings)
     gpu = _on_gpus()
-    share = gpu_share(most, _cluster_gpus(), local=settings.ray_address is None) if gpu else 0
+    gpus = _cluster_gpus() if gpu else 0.0
+    share = gpu_share(most, gpus, local=settings.ray_address is None) if gpu else 0
     if 0 < share < 1:
-        print(f"swama: {most} replicas share this machine's {_cluster_gpus():g} GPU"
-              f"{'' if _cluster_gpus() == 1 else 's'}, {share:g} of a GPU each", file=sys.stderr, flush=True)
+        print(f"swama: {most} replicas share this machine's {gpus:g} GPU{'' if gpus == 1 else 's'}, "
+              f"{share:g} of a GPU each", file=sys.stderr, flush=True)
     # A replica's engine admits its batch and its own queue; Serve holds at most one more queue's worth
     # before the ingress answers 429, as one process would.
     options: dict[str, Any] = {
