@@ -37,7 +37,7 @@ from .math import (
     logprobs_from_reduction,
     score_confidence,
 )
-from .prompt import PROMPT_FORMAT_VERSION, build_content, render_text
+from .prompt import PROMPT_FORMAT_VERSION, build_content
 from .questions import (
     QuestionKind,
     QuestionView,
@@ -47,6 +47,7 @@ from .questions import (
     decision_score_view,
     noul_view,
     predicate_view,
+    render_text,
     systemone_choice_view,
     systemone_score_view,
 )

@@ -1,13 +1,11 @@
-"""Prompt format 1: ``render_text`` and the per-question content string."""
+"""Prompt format 1: the per-question content string (values become text through
+``questions.render_text``)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from .questions import QuestionView
+from .questions import QuestionView
 
 PROMPT_FORMAT_VERSION = 1
 
@@ -15,19 +13,6 @@ CHOICE_CLOSING = "Answer with the letter of one option only."
 SCORE_CLOSING = "Answer with the number of one level only."
 YES_NO_CLOSING = "Answer with yes or no only."
 YES_NO_OPENING = "Is the following true?"
-
-
-def render_text(value: Any) -> str:
-    """``null`` → ``""``; a string verbatim; anything else as compact, order-keeping Unicode JSON.
-
-    Numbers print as Python prints them after ``json.loads`` (``1.00`` → ``1.0``, ``1e-7`` →
-    ``1e-07``), which is why values must come from a parser that keeps Python's number types.
-    """
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 def _is_blank(text: str) -> bool:

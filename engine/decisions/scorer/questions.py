@@ -1,19 +1,33 @@
-"""Route-independent question views, built from each route's validated question."""
+"""Route-independent question views, built from each route's validated question, and
+``render_text``: how prompt format 1 writes a request's values as text."""
 
 from __future__ import annotations
 
+import json
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from .checks import DecisionError
-from .prompt import render_text
 
 QuestionKind = Literal["yes_no", "choice", "score"]
 
 MAX_LETTER_OPTIONS = 26
 _CONTROL_CATEGORIES = frozenset({"Cc", "Zl", "Zp"})
+
+
+def render_text(value: Any) -> str:
+    """``null`` → ``""``; a string verbatim; anything else as compact, order-keeping Unicode JSON.
+
+    Numbers print as Python prints them after ``json.loads`` (``1.00`` → ``1.0``, ``1e-7`` →
+    ``1e-07``), which is why values must come from a parser that keeps Python's number types.
+    """
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 @dataclass(frozen=True)
