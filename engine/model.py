@@ -1,47 +1,63 @@
-"""A loaded model: weights, tokenizer, what the engine needs to know about them, and the state the
-engine keeps beside them.
+"""A loaded model: weights, tokenizer and the plain facts the engine needs to know about them.
 
 Language models load through mlx-lm, vision-language models through mlx-vlm; both present the same
-face to the generator and the scorer: `network()` is a callable in mlx-lm's shape (token ids and a
-cache in, logits out) and `tokenizer` is mlx-lm's tokenizer wrapper. A vision model adds `vision`,
-its processor and image encoder. Each kind's loader lives with the kind (serving/loaders.py lists
-them); this module imports none of them.
+face to the generator and the scorer: `tokenizer` is mlx-lm's tokenizer wrapper, and
+kinds/vision.py's `network(model)` is a callable in mlx-lm's shape (token ids and a cache in, logits
+out). Each kind's loader lives with the kind (serving/loaders.py lists them); this module imports none
+of them.
+
+What a layer keeps per model (a vision model's processor, the scorer's label tokens, the batch
+scheduler) is kept in `beside`, keyed by that layer's own type and read through that layer's
+accessor (`vision_of(model)`, `decision_state(model)`), so this module names no higher layer.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 from swama.engine.kinds import LANGUAGE
 from swama.engine.runtime import compute_dtype
 
-if TYPE_CHECKING:  # each field's owner; imported for the annotations only
-    from swama.engine.decisions.checkpoints import DecisionCheckpoint
-    from swama.engine.decisions.decide import DecisionState
-    from swama.engine.kinds.embeddings import EmbeddingSpec
-    from swama.engine.kinds.vision import VisionSupport
-    from swama.engine.ranks.group import RankGroup
-    from swama.engine.serving.prompt_cache import PromptCache
-    from swama.engine.serving.scheduler import Scheduler
-    from swama.engine.text.grammar import Grammars
-    from swama.engine.text.logprobs import TokenBytes
-    from swama.engine.text.reasoning import ThinkMarkers
+T = TypeVar("T")
 
 
-@dataclass
-class ModelState:
-    """What the engine keeps beside a loaded model's weights, each field set by the module named."""
+class Beside:
+    """Values the layers above keep beside one loaded model, at most one per type: the type is the
+    key, and the module that defines it is the only one that sets or reads it.
 
-    scheduler: Scheduler | None = None  # serving/engine.py: the thread that runs a language model's work
-    prompt_cache: PromptCache | None = None  # serving/engine.py; None where the model keeps none
-    native_tools: bool | None = None  # text/generator.py: whether the chat template renders tools itself
-    decisions: DecisionState | None = None  # decisions/decide.py: label tokens, openers, head split, bounds
-    token_bytes: TokenBytes | None = None  # text/logprobs.py: each token's bytes, for log probabilities
-    grammars: Grammars | None = None  # text/grammar.py: structured-output grammars compiled for this model
-    think_markers: ThinkMarkers | bool | None = None  # text/reasoning.py: the markers, False: it does not think
+    Values are set at load, on the event loop or lazily on worker threads. Each call is one step on
+    a dict (atomic under the GIL); two threads that first ask `setdefault` at once may both make a
+    value, and both get the one stored first."""
+
+    def __init__(self) -> None:
+        self._values: dict[type, Any] = {}
+
+    def get(self, key: type[T]) -> T | None:
+        return self._values.get(key)
+
+    def set(self, key: type[T], value: T | None) -> None:
+        """Keep `value` under `key`; None keeps none."""
+        if value is None:
+            self._values.pop(key, None)
+        else:
+            assert isinstance(value, key), (key, value)
+            self._values[key] = value
+
+    def setdefault(self, key: type[T], make: Callable[[], T]) -> T:
+        """The value under `key`, made by `make` the first time."""
+        value = self._values.get(key)
+        return value if value is not None else self._values.setdefault(key, make())
+
+    def close(self) -> None:
+        """Close every value that can be closed (a batch scheduler stops its thread)."""
+        for value in list(self._values.values()):
+            close = getattr(value, "close", None)
+            if callable(close):
+                close()
 
 
 @dataclass
@@ -53,21 +69,11 @@ class LoadedModel:
     config: dict[str, Any]
     eos_ids: set[int]
     kind: str = LANGUAGE
-    vision: VisionSupport | None = None  # vision-language models: processor and image encoder
-    checkpoint: DecisionCheckpoint | None = None  # decision checkpoints: their own decision head
-    embedding: EmbeddingSpec | None = None  # embedding models: width, longest input, padding
-    group: RankGroup | None = None  # a model split across ranks: the group holding the other shards
-    state: ModelState = field(default_factory=ModelState)
-
-    def network(self) -> Any:
-        """The model to run one request on. A vision model's language model keeps positional
-        state between calls, so every request gets its own view of it."""
-        return self.vision.view() if self.vision is not None else self.model
+    beside: Beside = field(default_factory=Beside)
 
     def close(self) -> None:
-        """Stop what serves this model (its batch scheduler's thread) before it is dropped."""
-        if self.state.scheduler is not None:
-            self.state.scheduler.close()
+        """Stop what runs beside this model (its batch scheduler's thread) before it is dropped."""
+        self.beside.close()
 
     @property
     def has_chat_template(self) -> bool:

@@ -1,5 +1,6 @@
 """The layout the code keeps: routes and the command line reach the engine through one typed door,
-the engine's errors are one family, per-model state is typed, and no module imports itself back."""
+the engine's errors are one family, the loaded model is plain data at the bottom of the engine, and
+no module imports itself back."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import inspect
 import pkgutil
 from pathlib import Path
 
+import pytest
+
 import swama
 from swama.engine import client
 from swama.engine.errors import EngineError
-from swama.engine.model import LoadedModel, ModelState
+from swama.engine.model import LoadedModel
 from swama.engine.serving.engine import Engine
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,8 +75,11 @@ def test_no_handler_touches_the_engine_s_store_or_pool() -> None:
     assert not touched, touched
 
 
-def test_no_module_imports_itself_back() -> None:
-    graph = {_module_name(p): _existing(_imports(p, top_level_only=True)) for p in _sources("engine", "handlers")}
+@pytest.mark.parametrize(("folders", "top_level_only"), [(("engine", "handlers"), True), (("engine",), False)])
+def test_no_module_imports_itself_back(folders: tuple[str, ...], top_level_only: bool) -> None:
+    """Not at import time; and inside the engine not at all: no import in a function or for annotations
+    runs back either, so its layers stand in one direction."""
+    graph = {_module_name(p): _existing(_imports(p, top_level_only=top_level_only)) for p in _sources(*folders)}
     cycles: list[list[str]] = []
 
     def visit(node: str, trail: list[str]) -> None:
@@ -98,12 +104,14 @@ def test_the_model_type_imports_no_kind_of_model() -> None:
                                                      "swama.engine.decisions", "swama.engine.serving"))}
 
 
-def test_per_model_state_is_typed() -> None:
-    fields = {f.name for f in dataclasses.fields(LoadedModel)}
-    assert "caches" not in fields and "state" in fields
-    assert {f.name for f in dataclasses.fields(ModelState)} == {"scheduler", "prompt_cache", "native_tools",
-                                                                 "decisions", "token_bytes", "grammars",
-                                                                 "think_markers"}
+def test_the_model_is_plain_data_that_names_no_layer_above_it() -> None:
+    """What a layer keeps per model lives in that layer, beside the model (`LoadedModel.beside`, keyed
+    by the layer's own type): engine/model.py imports none of them, not even for its annotations."""
+    assert {f.name for f in dataclasses.fields(LoadedModel)} == {"id", "path", "model", "tokenizer", "config",
+                                                                  "eos_ids", "kind", "beside"}
+    imported = _existing(_imports(REPO / "engine" / "model.py", top_level_only=False))
+    assert imported <= {"swama.engine.errors", "swama.engine.settings", "swama.engine.runtime",
+                        "swama.engine.kinds"}, imported
 
 
 def test_the_engine_is_the_door_it_promises() -> None:

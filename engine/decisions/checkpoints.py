@@ -89,5 +89,13 @@ def load_decision_checkpoint(model_id: str, path: Path) -> LoadedModel:
     cast_for_device(checkpoint.model)
     tokenizer = load_tokenizer(path)
     config = json.loads((path / "config.json").read_text())
-    return LoadedModel(model_id, path, checkpoint.model, tokenizer, config, eos_ids_of(path, tokenizer),
-                       kind=DECISION, checkpoint=checkpoint)
+    loaded = LoadedModel(model_id, path, checkpoint.model, tokenizer, config, eos_ids_of(path, tokenizer),
+                         kind=DECISION)
+    loaded.beside.set(DecisionCheckpoint, checkpoint)
+    return loaded
+
+
+def checkpoint_of(model: LoadedModel) -> DecisionCheckpoint:
+    checkpoint = model.beside.get(DecisionCheckpoint)
+    assert checkpoint is not None, f"{model.id} is not a decision checkpoint"
+    return checkpoint

@@ -64,7 +64,14 @@ from swama.engine.decisions.scorer import (
 from swama.engine.decisions.scorer.batch_encode import encode_prompts, round_trips
 from swama.engine.decisions.scorer.checks import REASONING_OPENER_PREDICTED, ROUND_TRIP_FAILED
 from swama.engine.kinds.tasks import IMAGES_NEED_VISION
-from swama.engine.kinds.vision import LOW_DETAIL_SIDE, MULTIMODAL_CONTEXT_LIMIT, Prefill, fit_within
+from swama.engine.kinds.vision import (
+    LOW_DETAIL_SIDE,
+    MULTIMODAL_CONTEXT_LIMIT,
+    Prefill,
+    fit_within,
+    network,
+    vision_of,
+)
 from swama.engine.model import LoadedModel
 
 
@@ -106,7 +113,7 @@ def _render(model: LoadedModel, content: str, image_count: int = 0) -> str:
 
 
 class DecisionState:
-    """What the scorer works out once per loaded model (kept on `model.state.decisions`): the label
+    """What the scorer works out once per loaded model (kept beside it): the label
     tokenizer, the pair labels for more than 26 options, the reasoning-opener ids, the label-token
     memo, the verified head split and the bound on a batched pass's prefix copies."""
 
@@ -130,7 +137,7 @@ class DecisionState:
     @functools.cached_property
     def head_split(self) -> Head | None:
         """The model's verified body and head (text models), so only scored positions are projected."""
-        return head_split(self.model.model) if self.model.vision is None else None
+        return head_split(self.model.model) if vision_of(self.model) is None else None
 
     @functools.cached_property
     def batch_cache_bytes(self) -> int:
@@ -138,9 +145,7 @@ class DecisionState:
 
 
 def decision_state(model: LoadedModel) -> DecisionState:
-    if model.state.decisions is None:
-        model.state.decisions = DecisionState(model)
-    return model.state.decisions
+    return model.beside.setdefault(DecisionState, lambda: DecisionState(model))
 
 
 def context_limit(job: DecisionJob) -> int:
@@ -168,7 +173,8 @@ def prepare(model: LoadedModel, job: DecisionJob) -> list[PreparedQuestion]:
         if not ok:
             raise DecisionError(400, ROUND_TRIP_FAILED)
         check_reasoning_closed(prompt, content)
-    if job.images and model.vision is None:
+    vision = vision_of(model)
+    if job.images and vision is None:
         raise DecisionError(400, IMAGES_NEED_VISION)
     images = [fit_within(i, LOW_DETAIL_SIDE) for i in job.images] if job.low_detail else list(job.images)
     prepared = []
@@ -178,7 +184,7 @@ def prepare(model: LoadedModel, job: DecisionJob) -> list[PreparedQuestion]:
         if not images:
             prepared.append(PreparedQuestion(view, ids, label_ids))
             continue
-        processed = model.vision.process(_render(model, content, len(images)), images)
+        processed = vision.process(_render(model, content, len(images)), images)
         check_context(len(processed.ids), limit, systemone=job.systemone)
         prepared.append(PreparedQuestion(view, processed.ids, label_ids, processed))
     return prepared
@@ -347,7 +353,7 @@ class DecisionRun:
         self.model, self.job, self.prefix_reuse = model, job, prefix_reuse
         self.state = decision_state(model)
         self.batch_cache_bytes = self.state.batch_cache_bytes
-        self.net = model.network()
+        self.net = network(model)
         self.prepared: list[PreparedQuestion] = []
         self.answers: list[ScoredAnswer] = []
         self.prefix = 0
@@ -393,7 +399,9 @@ class DecisionRun:
         if q.processed is None:
             return None
         self.vision_encodings += 1
-        return self.model.vision.embed(q.processed)
+        vision = vision_of(self.model)
+        assert vision is not None  # only a vision model's questions are processed
+        return vision.embed(q.processed)
 
     def start(self) -> None:
         self.prepare()
@@ -444,7 +452,7 @@ class DecisionRun:
         """Whether `score_batch` runs the remaining questions in batched passes rather than one
         `score_next` each: text questions only, shared prefix in plain KV caches, or no shared
         prefix (several questions with nothing in common) on a model whose fresh cache is plain."""
-        if not self.prefix_reuse or self.job.images or self.model.vision is not None:
+        if not self.prefix_reuse or self.job.images or vision_of(self.model) is not None:
             return False
         if self.shared is not None:
             return plain_kv(self.shared)

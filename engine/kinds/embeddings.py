@@ -77,13 +77,15 @@ def load_embedding_model(model_id: str, path: Path) -> LoadedModel:
     cast_for_device(model)
     tokenizer = getattr(wrapper, "_tokenizer", wrapper)  # the Hugging Face tokenizer inside the wrapper
     config = _read_json(path / "config.json")
-    return LoadedModel(model_id, path, model, tokenizer, config, set(), kind=EMBEDDING,
-                       embedding=_spec(path, config, model, tokenizer))
+    loaded = LoadedModel(model_id, path, model, tokenizer, config, set(), kind=EMBEDDING)
+    loaded.beside.set(EmbeddingSpec, _spec(path, config, model, tokenizer))
+    return loaded
 
 
 def spec_of(model: LoadedModel) -> EmbeddingSpec:
-    assert model.embedding is not None, f"{model.id} is not an embedding model"
-    return model.embedding
+    spec = model.beside.get(EmbeddingSpec)
+    assert spec is not None, f"{model.id} is not an embedding model"
+    return spec
 
 
 def check_dimensions(model_id: str, spec: EmbeddingSpec, dimensions: int | None) -> None:

@@ -161,6 +161,18 @@ class VisionSupport:
         return self.embed(self.process(prompt, images))
 
 
+def vision_of(model: LoadedModel) -> VisionSupport | None:
+    """A vision-language model's processor and image encoder; None for any other model."""
+    return model.beside.get(VisionSupport)
+
+
+def network(model: LoadedModel) -> Any:
+    """The model to run one request on. A vision model's language model keeps positional state
+    between calls, so every request gets its own view of it."""
+    vision = vision_of(model)
+    return vision.view() if vision is not None else model.model
+
+
 def _image_token_id(model: Any, processor: Any) -> int | None:
     config = getattr(model, "config", None)
     for name in ("image_token_index", "image_token_id"):
@@ -189,5 +201,6 @@ def load_vision_language_model(model_id: str, path: Path) -> LoadedModel:
     config = json.loads((path / "config.json").read_text())
     text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
     merged = {**text_config, **{k: v for k, v in config.items() if k != "text_config"}}
-    return LoadedModel(model_id, path, model, tokenizer, merged, eos_ids_of(path, tokenizer), kind=VISION,
-                       vision=VisionSupport(model, processor))
+    loaded = LoadedModel(model_id, path, model, tokenizer, merged, eos_ids_of(path, tokenizer), kind=VISION)
+    loaded.beside.set(VisionSupport, VisionSupport(model, processor))
+    return loaded

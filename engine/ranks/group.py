@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from swama.engine.errors import Unavailable
+from swama.engine.model import LoadedModel
 
 log = logging.getLogger("swama.ranks")
 
@@ -184,6 +185,11 @@ _GROUP: RankGroup | None = None
 def current() -> RankGroup | None:
     """The group this process is a rank of, if any."""
     return _GROUP
+
+
+def group_of(model: LoadedModel) -> RankGroup | None:
+    """The group holding the other shards of a model split across ranks; None for a whole model."""
+    return model.beside.get(RankGroup)
 
 
 def join(backend: str, timeout: float, startup_timeout: float, *, restarts: int = 0,

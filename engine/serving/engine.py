@@ -19,7 +19,7 @@ from typing import Any
 from swama.engine.decisions.adjust.methods import CONTENT_FREE_INPUT
 from swama.engine.decisions.adjust.plan import AdjustState, combine, plan_job
 from swama.engine.decisions.adjust.store import CalibrationCache
-from swama.engine.decisions.checkpoints import CheckpointResult, predict
+from swama.engine.decisions.checkpoints import CheckpointResult, checkpoint_of, predict
 from swama.engine.decisions.decide import DecisionJob, DecisionResult, DecisionRun
 from swama.engine.errors import BadInput, Cancelled, ContextTooLong, NotFound
 from swama.engine.files.store import InstalledModel, ModelStore
@@ -30,11 +30,11 @@ from swama.engine.kinds.tasks import Task, require
 from swama.engine.kinds.transcription import Transcript, check_language, language_of, transcribe
 from swama.engine.model import LoadedModel
 from swama.engine.ranks import group as ranks
-from swama.engine.ranks.group import STARTUP_TIMEOUT
+from swama.engine.ranks.group import STARTUP_TIMEOUT, group_of
 from swama.engine.ranks.turn import PromptScore
 from swama.engine.runtime import compute_dtype, loaded_blas
 from swama.engine.serving.pool import ModelPool
-from swama.engine.serving.prompt_cache import PromptCache
+from swama.engine.serving.prompt_cache import PromptCache, prompt_cache_of
 from swama.engine.serving.scheduler import DECISION_ROWS, Scheduler
 from swama.engine.serving.threads import in_thread, iterate_in_thread
 from swama.engine.settings import EngineSettings, SettingsError
@@ -121,13 +121,14 @@ class Engine:
         held = budget = 0
         speculation: dict[str, dict[str, int]] = {}
         for model in self.pool.loaded_models():
-            if model.state.prompt_cache is not None:
-                held += model.state.prompt_cache.nbytes
-                budget += model.state.prompt_cache.budget
-            if model.state.scheduler is not None:
-                held += model.state.scheduler.kv_bytes()
+            cache, scheduler = prompt_cache_of(model), model.beside.get(Scheduler)
+            if cache is not None:
+                held += cache.nbytes
+                budget += cache.budget
+            if scheduler is not None:
+                held += scheduler.kv_bytes()
                 # A drafting batch's generator (SpeculativeGenerator) keeps its counters; a plain one has none.
-                counters = getattr(getattr(model.state.scheduler, "_gen", None), "counters", None)
+                counters = getattr(getattr(scheduler, "_gen", None), "counters", None)
                 if counters is not None:
                     speculation[model.id] = {"drafted": counters.drafted, "accepted": counters.accepted,
                                              "steps": counters.steps, "plain_steps": counters.plain_steps}
@@ -224,22 +225,24 @@ class Engine:
         return self.model(model_id).kind == LANGUAGE
 
     def _scheduler(self, model: LoadedModel) -> Scheduler:
-        if model.state.scheduler is None:
+        scheduler = model.beside.get(Scheduler)
+        if scheduler is None:
             budget = self.settings.prompt_cache_budget()
             cache = PromptCache(budget) if budget > 0 else None
-            model.state.prompt_cache = cache  # the same cache for requests served alone
-            model.state.scheduler = Scheduler(model, prompt_cache=cache, batching=self.settings.batching,
-                                              rows=self.settings.batch_rows, prefill_step=self.settings.prefill_step,
-                                              profile_dir=self.settings.profile_dir,
-                                              speculation=self.settings.speculation(),
-                                              draft=self._draft_for(model))
-        return model.state.scheduler
+            model.beside.set(PromptCache, cache)  # the same cache for requests served alone
+            scheduler = Scheduler(model, prompt_cache=cache, batching=self.settings.batching,
+                                  rows=self.settings.batch_rows, prefill_step=self.settings.prefill_step,
+                                  profile_dir=self.settings.profile_dir,
+                                  speculation=self.settings.speculation(),
+                                  draft=self._draft_for(model))
+            model.beside.set(Scheduler, scheduler)  # closed with the model
+        return scheduler
 
     def _draft_for(self, model: LoadedModel) -> LoadedModel | None:
         """The draft model for `model`'s batch: --draft-model, when its tokenizer is the model's own
         (same vocabulary, same end tokens); loaded once and shared by the models it drafts for."""
         name = self.settings.draft_model
-        if name is None or self.settings.speculative not in ("draft", "auto") or model.group is not None:
+        if name is None or self.settings.speculative not in ("draft", "auto") or group_of(model) is not None:
             return None
         if self._draft is None:
             installed = self.model(name)
@@ -327,7 +330,7 @@ class Engine:
                                  images: list[Any]) -> CheckpointResult:
         """Answer System One questions on a decision checkpoint (kind "decision"), in one turn."""
         async with self.pool.use(model_id) as model:
-            return await in_thread(lambda: predict(model.checkpoint, state, questions, images))
+            return await in_thread(lambda: predict(checkpoint_of(model), state, questions, images))
 
     # -- other kinds -----------------------------------------------------------------------------
 

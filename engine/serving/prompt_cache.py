@@ -15,6 +15,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from swama.engine.model import LoadedModel
+
 
 def cacheable(cache: list[Any]) -> bool:
     from mlx_lm.models.cache import KVCache
@@ -99,3 +101,9 @@ class PromptCache:
         self._next += 1
         while self.nbytes > self.budget:
             self._entries.popitem(last=False)
+
+
+def prompt_cache_of(model: LoadedModel) -> PromptCache | None:
+    """The prompt cache kept beside a model its batch scheduler serves (serving/engine.py keeps it
+    there, for requests served alone as well); None where the model keeps none."""
+    return model.beside.get(PromptCache)

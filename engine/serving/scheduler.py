@@ -49,8 +49,9 @@ from typing import Any, TypeVar
 
 from swama.engine.decisions.decide import DecisionRun, launch_across, pick_rows
 from swama.engine.errors import Cancelled, ContextTooLong, EngineError, Failed, Unavailable
+from swama.engine.kinds.vision import vision_of
 from swama.engine.model import LoadedModel
-from swama.engine.ranks.group import HEARTBEAT, GroupFailed, RankGroup
+from swama.engine.ranks.group import HEARTBEAT, GroupFailed, RankGroup, group_of
 from swama.engine.ranks.turn import DecisionBatch, DecisionPrefill, Insert, PromptScore, Turn
 from swama.engine.runtime import on_gpu
 from swama.engine.serving.prompt_cache import PromptCache, cacheable
@@ -89,7 +90,7 @@ def batchable(model: LoadedModel) -> bool:
     recurrent layers all do; a vision model's language view is served alone."""
     from mlx_lm.models.cache import make_prompt_cache
 
-    return model.vision is None and all(hasattr(c, "merge") for c in make_prompt_cache(model.model))
+    return vision_of(model) is None and all(hasattr(c, "merge") for c in make_prompt_cache(model.model))
 
 
 @dataclass(eq=False)
@@ -174,7 +175,7 @@ class Scheduler:
                  profile_dir: Path | None = None, speculation: Speculation | None = None,
                  draft: LoadedModel | None = None) -> None:
         self.model = model
-        self.group: RankGroup | None = model.group
+        self.group: RankGroup | None = group_of(model)
         self.speculation = for_device(speculation or Speculation(), on_gpu())
         self.draft = draft if self.group is None else None  # ranks draft by prompt lookup alone
         if self.group is not None:  # every rank must choose the same pass widths: from the prior, not timings

@@ -15,9 +15,9 @@ from typing import Any
 
 from swama.engine.errors import BadInput, Cancelled, ContextTooLong
 from swama.engine.kinds.tasks import IMAGES_NEED_VISION
-from swama.engine.kinds.vision import MULTIMODAL_CONTEXT_LIMIT, Prefill
+from swama.engine.kinds.vision import MULTIMODAL_CONTEXT_LIMIT, Prefill, network, vision_of
 from swama.engine.model import LoadedModel
-from swama.engine.serving.prompt_cache import PromptCache, cacheable
+from swama.engine.serving.prompt_cache import PromptCache, cacheable, prompt_cache_of
 from swama.engine.settings import default_of
 from swama.engine.text.chat_prompt import Prompt, TemplateOptions, build_prompt, template_renders_tools
 from swama.engine.text.grammar import Constraint, enforcer
@@ -127,10 +127,15 @@ class Finished:
 Event = TextDelta | ReasoningDelta | Logprobs | ToolCallEvent | Finished
 
 
+@dataclass(frozen=True)
+class _NativeTools:
+    """Kept beside a model: whether its chat template renders `tools` itself."""
+
+    rendered: bool
+
+
 def native_tools(model: LoadedModel) -> bool:
-    if model.state.native_tools is None:
-        model.state.native_tools = template_renders_tools(model.tokenizer)
-    return model.state.native_tools
+    return model.beside.setdefault(_NativeTools, lambda: _NativeTools(template_renders_tools(model.tokenizer))).rendered
 
 
 def prepare(model: LoadedModel, request: ChatRequest) -> Prompt:
@@ -147,7 +152,7 @@ def prepare(model: LoadedModel, request: ChatRequest) -> Prompt:
         raise BadInput("This model has no chat template; it cannot serve chat requests.")
     if not request.messages:
         raise BadInput("Generation requires at least one message.")
-    if request.images and model.vision is None:
+    if request.images and vision_of(model) is None:
         raise BadInput(IMAGES_NEED_VISION, code="invalid_image")
     found = markers(model)
     thinking = request.thinking
@@ -230,12 +235,14 @@ def row_processors(model: LoadedModel, request: ChatRequest, prompt: Prompt) -> 
 
 def _multimodal(model: LoadedModel, prompt: Prompt, request: ChatRequest) -> Prefill:
     """The prompt's image placeholders expanded and encoded; held to the multimodal limit."""
-    processed = model.vision.process(prompt.text, request.images)
+    vision = vision_of(model)
+    assert vision is not None  # prepare() refused images for any other model
+    processed = vision.process(prompt.text, request.images)
     limit = request.effective_context_limit
     if len(processed.ids) >= limit:
         raise ContextTooLong(f"Prompt with images exceeds the context limit ({len(processed.ids)} >= {limit}).",
                              code="context_limit_exceeded")
-    return model.vision.embed(processed)
+    return vision.embed(processed)
 
 
 class _StopMatcher:
@@ -273,14 +280,14 @@ def _resume(model: LoadedModel, net: Any, ids: list[int]) -> tuple[PromptCache |
     cache already holds; (None, None, 0) where the model keeps no prompt cache."""
     from mlx_lm.models.cache import make_prompt_cache
 
-    store = model.state.prompt_cache
+    store = prompt_cache_of(model)
     if store is None:
         return None, None, 0
     cache, reused = store.take(ids)
     if cache is None:
         cache = make_prompt_cache(net)
         if not cacheable(cache):
-            model.state.prompt_cache = None  # sliding-window or recurrent layers: cannot be cut back
+            model.beside.set(PromptCache, None)  # sliding-window or recurrent layers: cannot be cut back
             return None, None, 0
     return store, cache, reused
 
@@ -436,7 +443,7 @@ def generate(model: LoadedModel, request: ChatRequest, cancel: threading.Event) 
     from mlx_lm.generate import generate_step
 
     prompt = prepare(model, request)
-    net = model.network()
+    net = network(model)
     prefill = _multimodal(model, prompt, request) if request.images else None
     ids = prefill.ids if prefill is not None else prompt.ids
     max_tokens = token_budget(request, len(ids))

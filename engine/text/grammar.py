@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from swama.engine.errors import BadInput
+from swama.engine.model import LoadedModel
 
 CONSTRAINT_KINDS = ("json_object", "json_schema", "tool_calls", "tool_arguments")
 
@@ -90,13 +91,14 @@ class Grammars:
         return matcher
 
 
-def grammars(model: Any) -> Grammars:
+def grammars(model: LoadedModel) -> Grammars:
     """The model's grammars; its tokenizer's own end-of-sequence token ends a constrained output."""
-    if model.state.grammars is None:
+    def make() -> Grammars:
         tokenizer = model.tokenizer
         first = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-        model.state.grammars = Grammars(tokenizer, model.vocab_size, first + sorted(model.eos_ids - set(first)))
-    return model.state.grammars
+        return Grammars(tokenizer, model.vocab_size, first + sorted(model.eos_ids - set(first)))
+
+    return model.beside.setdefault(Grammars, make)
 
 
 def enforcer(model: Any, constraint: Constraint, call_format: tuple[str, str]) -> Enforcer:

@@ -26,5 +26,6 @@ def load_language_model(model_id: str, path: Path) -> LoadedModel:
     if not on_gpu():
         install_cpu_forward(model)
     config = json.loads((path / "config.json").read_text())
-    return LoadedModel(model_id, path, model, tokenizer, config, eos_ids_of(path, tokenizer),
-                       group=group if split else None)
+    loaded = LoadedModel(model_id, path, model, tokenizer, config, eos_ids_of(path, tokenizer))
+    loaded.beside.set(ranks.RankGroup, group if split else None)
+    return loaded

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from swama.engine.model import LoadedModel
+
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs, and ours
 
 
@@ -51,11 +53,9 @@ class TokenBytes:
         return TopLogprob(token_id, raw.decode("utf-8", errors="replace"), logprob, tuple(raw))
 
 
-def token_bytes(model: Any) -> TokenBytes:
+def token_bytes(model: LoadedModel) -> TokenBytes:
     """The model's table, made once (it walks the vocabulary)."""
-    if model.state.token_bytes is None:
-        model.state.token_bytes = TokenBytes(model)
-    return model.state.token_bytes
+    return model.beside.setdefault(TokenBytes, lambda: TokenBytes(model))
 
 
 def _scaled(logits: Any, temperature: float) -> Any:

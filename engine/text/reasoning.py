@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from swama.engine.model import LoadedModel
+
 # Effort names of the OpenAI routes (chat `reasoning_effort`, responses `reasoning.effort`) as a
 # switch and a token budget: none/minimal turn thinking off; low and medium bound it; high, xhigh
 # and max leave it to max_tokens.
@@ -46,13 +48,16 @@ def _find_markers(tokenizer: Any) -> ThinkMarkers | None:
     return ThinkMarkers(start, end, tuple(tokenizer.encode(end, add_special_tokens=False)))
 
 
-def markers(model: Any) -> ThinkMarkers | None:
+@dataclass(frozen=True)
+class _Found:
+    """Kept beside a model: its think markers, None where it does not think."""
+
+    markers: ThinkMarkers | None
+
+
+def markers(model: LoadedModel) -> ThinkMarkers | None:
     """The model's think markers, or None for a model that does not think (kept with the model)."""
-    state = model.state
-    if state.think_markers is None:
-        found = _find_markers(model.tokenizer)
-        state.think_markers = found if found is not None else False
-    return state.think_markers or None
+    return model.beside.setdefault(_Found, lambda: _Found(_find_markers(model.tokenizer))).markers
 
 
 def prompt_opens(found: ThinkMarkers | None, text: str) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 
 from swama.engine.errors import BadInput
 from swama.engine.kinds.tasks import IMAGES_NEED_VISION
-from swama.engine.kinds.vision import MULTIMODAL_CONTEXT_LIMIT
+from swama.engine.kinds.vision import MULTIMODAL_CONTEXT_LIMIT, vision_of
 from swama.engine.model import LoadedModel
 from swama.engine.text.chat_prompt import TemplateOptions, build_prompt
 from swama.engine.text.generator import native_tools
@@ -80,14 +80,15 @@ def _options(job: TokenizeJob) -> dict[str, Any]:
 def _chat_ids(model: LoadedModel, job: TokenizeJob) -> list[int]:
     if not model.has_chat_template:
         raise BadInput("This model has no chat template; it cannot tokenize messages.")
-    if job.images and model.vision is None:
+    vision = vision_of(model)
+    if job.images and vision is None:
         raise BadInput(IMAGES_NEED_VISION, code="invalid_image")
     options = _options(job)
     tokenizer = TemplateOptions(model.tokenizer, options) if options else model.tokenizer
     # No limit: build_prompt trims a prompt that does not fit, and the count is of the whole prompt.
     prompt = build_prompt(tokenizer, job.messages, job.tools, sys.maxsize, native_tools(model))
     if job.images:  # the processor expands each image's placeholder, as a chat completion's prefill does
-        return model.vision.process(prompt.text, job.images).ids
+        return vision.process(prompt.text, job.images).ids
     if job.add_special_tokens:
         return list(model.tokenizer.encode(prompt.text, add_special_tokens=True))
     return prompt.ids

@@ -62,13 +62,13 @@ def _conversation(model: LoadedModel, opening: str,
 
 def test_later_turns_resume_their_prefix_and_answer_as_a_full_prefill_does(smollm2: LoadedModel) -> None:
     follow_ups = ["And what about Germany?", "Which of the two is larger?"]
-    smollm2.state.prompt_cache = None
+    smollm2.beside.set(PromptCache, None)
     cold = list(_conversation(smollm2, "What is the capital of France?", follow_ups))
-    smollm2.state.prompt_cache = PromptCache(1 << 30)
+    smollm2.beside.set(PromptCache, PromptCache(1 << 30))
     try:
         warm = list(_conversation(smollm2, "What is the capital of France?", follow_ups))
     finally:
-        smollm2.state.prompt_cache = None
+        smollm2.beside.set(PromptCache, None)
     for turn, ((reply, done, asked), (warm_reply, warm_done, _)) in enumerate(zip(cold, warm, strict=True)):
         parted = parting(done.token_ids, warm_done.token_ids)
         if parted is None:
@@ -87,7 +87,7 @@ def test_later_turns_resume_their_prefix_and_answer_as_a_full_prefill_does(smoll
 
 
 def test_interleaved_conversations_both_keep_their_prefix(smollm2: LoadedModel) -> None:
-    smollm2.state.prompt_cache = store = PromptCache(1 << 30)
+    smollm2.beside.set(PromptCache, store := PromptCache(1 << 30))
     try:
         a, b = [{"role": "user", "content": "Name a fruit."}], [{"role": "user", "content": "Name a color."}]
         openings = []
@@ -102,11 +102,11 @@ def test_interleaved_conversations_both_keep_their_prefix(smollm2: LoadedModel) 
             assert done.cached_tokens >= opening.prompt_tokens  # each found its own conversation
         assert len(store) == 2
     finally:
-        smollm2.state.prompt_cache = None
+        smollm2.beside.set(PromptCache, None)
 
 
 def test_the_byte_budget_evicts_the_least_recently_used(smollm2: LoadedModel) -> None:
-    smollm2.state.prompt_cache = store = PromptCache(1 << 30)
+    smollm2.beside.set(PromptCache, store := PromptCache(1 << 30))
     try:
         _turn(smollm2, [{"role": "user", "content": "Name a fruit."}], max_tokens=4)
         one = store.nbytes
@@ -116,7 +116,7 @@ def test_the_byte_budget_evicts_the_least_recently_used(smollm2: LoadedModel) ->
         _, done = _turn(smollm2, [{"role": "user", "content": "Name a color."}], max_tokens=4)
         assert done.cached_tokens > 5  # the newer entry stayed
     finally:
-        smollm2.state.prompt_cache = None
+        smollm2.beside.set(PromptCache, None)
 
 
 @pytest.fixture(scope="module")

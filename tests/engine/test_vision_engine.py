@@ -20,6 +20,7 @@ from swama.engine.decisions.scorer import (
 )
 from swama.engine.errors import EngineError
 from swama.engine.kinds import VISION
+from swama.engine.kinds.vision import vision_of
 from swama.engine.model import LoadedModel
 from swama.engine.serving.loaders import load_model
 from swama.engine.text.generator import ChatRequest, Finished, Sampling, generate
@@ -55,8 +56,9 @@ QUESTIONS = [predicate_view(f"Does the picture show item {i}?") for i in range(8
 
 
 def test_loaded_by_kind_through_mlx_vlm(vlm: LoadedModel) -> None:
-    assert vlm.kind == VISION and vlm.vision is not None and vlm.has_chat_template
-    assert vlm.vision.image_token_id is not None
+    vision = vision_of(vlm)
+    assert vlm.kind == VISION and vision is not None and vlm.has_chat_template
+    assert vision.image_token_id is not None
 
 
 def test_one_vision_encoding_per_request_matches_per_question_encoding(vlm: LoadedModel) -> None:

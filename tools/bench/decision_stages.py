@@ -48,6 +48,7 @@ def one_request(model, job) -> dict[str, float]:
         logprobs_from_reduction,
     )
     from swama.engine.decisions.scorer.batch_encode import encode_prompts, round_trips
+    from swama.engine.kinds.vision import network
 
     times: dict[str, float] = {}
     clock = time.perf_counter()
@@ -76,7 +77,7 @@ def one_request(model, job) -> dict[str, float]:
         check_reasoning_closed(prompt, content)
         label_ids.append(decide.label_token_ids(tok, prompt, ids, lab, memo))
     lap("checks and labels")
-    net = model.network()
+    net = network(model)
     prefix = decide.common_prefix(encoded.ids)
     from mlx_lm.models.cache import make_prompt_cache
 
@@ -114,13 +115,14 @@ def main(argv: list[str] | None = None) -> int:
     add_write_option(parser)
     args = parser.parse_args(argv)
     from swama.engine.decisions.decide import DecisionJob, DecisionRun
+    from swama.engine.kinds.vision import vision_of
     from swama.engine.runtime import compute_dtype, on_gpu, reexec_with_fast_blas
     from swama.engine.text.language import load_language_model
     from tools.bench.decisions import questions, ticket
 
     reexec_with_fast_blas(sys.argv[1:] if argv is None else argv, module="tools.bench.decision_stages")
     model = load_language_model("bench", args.model_dir)
-    if model.vision is not None or DecisionRun(model, DecisionJob("x", [], 1)).split is None:
+    if vision_of(model) is not None or DecisionRun(model, DecisionJob("x", [], 1)).split is None:
         parser.error("the stages are those of a text model whose vocabulary projection splits off")
     text = ticket(1000, model.tokenizer)
     laps: dict[str, list[float]] = {s: [] for s in STAGES}

@@ -34,9 +34,9 @@ QUESTIONS = ["What is the capital of France?", "And of Germany?", "Which one is 
 
 
 def conversation(model, turns: int, cached: bool) -> tuple[list[str], int, int, float]:
-    model.state.prompt_cache = None
+    model.beside.set(PromptCache, None)
     if cached:
-        model.state.prompt_cache = PromptCache(1 << 30)
+        model.beside.set(PromptCache, PromptCache(1 << 30))
     messages, replies, prompt, prefilled, seconds = [], [], 0, 0, 0.0
     for question in QUESTIONS[:turns]:
         messages.append({"role": "user", "content": question})
@@ -52,7 +52,7 @@ def conversation(model, turns: int, cached: bool) -> tuple[list[str], int, int, 
                 seconds += event.prompt_seconds
         replies.append("".join(text))
         messages.append({"role": "assistant", "content": replies[-1]})
-    model.state.prompt_cache = None
+    model.beside.set(PromptCache, None)
     return replies, prompt, prefilled, seconds
 
 
