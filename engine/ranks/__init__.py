@@ -3,5 +3,6 @@ pipeline sharding) and run the same scheduler steps, over MLX's distributed runt
 
 - group.py: this process's place in the group; each step's plan shared from rank 0, every wait bounded.
 - sharding.py: which split a model takes (tensor, pipeline) and the refusal for one that has none.
-- turn.py: what one scheduler step holds, as rank 0 shares it with the others.
+
+What one scheduler step holds, as rank 0 shares it, is the scheduler's: serving/turn.py.
 """

@@ -52,10 +52,10 @@ from swama.engine.errors import Cancelled, ContextTooLong, EngineError, Failed, 
 from swama.engine.kinds.vision import vision_of
 from swama.engine.model import LoadedModel
 from swama.engine.ranks.group import HEARTBEAT, GroupFailed, RankGroup, group_of
-from swama.engine.ranks.turn import DecisionBatch, DecisionPrefill, Insert, PromptScore, Turn
 from swama.engine.runtime import on_gpu
 from swama.engine.serving.prompt_cache import PromptCache, cacheable
 from swama.engine.serving.threads import THREADS, in_thread
+from swama.engine.serving.turn import DecisionBatch, DecisionPrefill, Insert, PromptScore, Turn
 from swama.engine.settings import CPU_PREFILL_STEP, GPU_PREFILL_STEP, default_of
 from swama.engine.speculative.policy import Speculation, for_device
 from swama.engine.text.generator import (
