@@ -33,13 +33,13 @@ from swama.engine.ranks import group as ranks
 from swama.engine.ranks.group import STARTUP_TIMEOUT, group_of
 from swama.engine.runtime import compute_dtype, loaded_blas
 from swama.engine.serving.pool import ModelPool
-from swama.engine.serving.prompt_cache import PromptCache, prompt_cache_of
 from swama.engine.serving.scheduler import DECISION_ROWS, Scheduler
 from swama.engine.serving.threads import in_thread, iterate_in_thread
 from swama.engine.serving.turn import PromptScore
 from swama.engine.settings import EngineSettings, SettingsError
 from swama.engine.text.generator import ChatRequest, Event, Finished, generate, prompt_ids
 from swama.engine.text.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, prompt_logprobs
+from swama.engine.text.prompt_cache import PromptCache, prompt_cache_of
 from swama.engine.text.tokenize import Tokenized, TokenizeJob, text_of, tokens_of
 
 log = logging.getLogger("swama.engine")

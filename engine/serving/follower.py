@@ -6,9 +6,9 @@ from __future__ import annotations
 from swama.engine.files.store import ModelStore
 from swama.engine.ranks.group import current
 from swama.engine.serving.loaders import load_model
-from swama.engine.serving.prompt_cache import PromptCache
 from swama.engine.serving.scheduler import Scheduler
 from swama.engine.settings import EngineSettings
+from swama.engine.text.prompt_cache import PromptCache
 
 
 def follow(settings: EngineSettings, model_id: str) -> None:

@@ -53,7 +53,6 @@ from swama.engine.kinds.vision import vision_of
 from swama.engine.model import LoadedModel
 from swama.engine.ranks.group import HEARTBEAT, GroupFailed, RankGroup, group_of
 from swama.engine.runtime import on_gpu
-from swama.engine.serving.prompt_cache import PromptCache, cacheable
 from swama.engine.serving.threads import THREADS, in_thread
 from swama.engine.serving.turn import DecisionBatch, DecisionPrefill, Insert, PromptScore, Turn
 from swama.engine.settings import CPU_PREFILL_STEP, GPU_PREFILL_STEP, default_of
@@ -71,6 +70,7 @@ from swama.engine.text.generator import (
     token_budget,
 )
 from swama.engine.text.logprobs import prompt_logprobs
+from swama.engine.text.prompt_cache import PromptCache, cacheable
 
 Mirror = DecisionPrefill | DecisionBatch | PromptScore  # a task as the other ranks of a group run it
 

@@ -17,11 +17,11 @@ from swama.engine.errors import BadInput, Cancelled, ContextTooLong
 from swama.engine.kinds.tasks import IMAGES_NEED_VISION
 from swama.engine.kinds.vision import MULTIMODAL_CONTEXT_LIMIT, Prefill, network, vision_of
 from swama.engine.model import LoadedModel
-from swama.engine.serving.prompt_cache import PromptCache, cacheable, prompt_cache_of
 from swama.engine.settings import default_of
 from swama.engine.text.chat_prompt import Prompt, TemplateOptions, build_prompt, template_renders_tools
 from swama.engine.text.grammar import Constraint, enforcer
 from swama.engine.text.logprobs import MAX_TOP_LOGPROBS, Recorder, TokenLogprob, token_bytes
+from swama.engine.text.prompt_cache import PromptCache, cacheable, prompt_cache_of
 from swama.engine.text.reasoning import ReasoningSplitter, ThinkingBudget, markers, prompt_opens
 from swama.engine.text.sampler import Sampler, shared_sampler
 from swama.engine.text.tool_calls import DEFAULT_FORMAT, ToolCall, ToolCallSplitter, tool_format

@@ -19,7 +19,6 @@ import pytest
 
 from swama.engine.errors import BadInput
 from swama.engine.model import LoadedModel
-from swama.engine.serving.prompt_cache import PromptCache
 from swama.engine.serving.scheduler import Scheduler
 from swama.engine.text.generator import (
     ChatRequest,
@@ -32,6 +31,7 @@ from swama.engine.text.generator import (
 )
 from swama.engine.text.grammar import Constraint, ToolSpec, grammars
 from swama.engine.text.language import load_language_model
+from swama.engine.text.prompt_cache import PromptCache
 
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
           "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0,

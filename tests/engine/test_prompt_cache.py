@@ -17,8 +17,8 @@ from precision import BF16_NEAR_TIE, parting, tol, top_two_gap
 from live_server import LiveServer, start_server
 from swama.engine.model import LoadedModel
 from swama.engine.serving.loaders import load_model
-from swama.engine.serving.prompt_cache import PromptCache
 from swama.engine.text.generator import ChatRequest, Finished, Sampling, TextDelta, generate, prepare
+from swama.engine.text.prompt_cache import PromptCache
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,6 @@ from precision import parting, top_two_gap
 from scheduled import alone, collect
 
 from swama.engine.model import LoadedModel
-from swama.engine.serving.prompt_cache import PromptCache
 from swama.engine.serving.scheduler import Scheduler
 from swama.engine.speculative.ngram import PromptLookup
 from swama.engine.speculative.policy import Speculation
@@ -28,6 +27,7 @@ from swama.engine.speculative.verify import verify_sampled
 from swama.engine.text.generator import ChatRequest, Finished, Sampling, TextDelta, prepare
 from swama.engine.text.grammar import Constraint
 from swama.engine.text.language import load_language_model
+from swama.engine.text.prompt_cache import PromptCache
 from swama.engine.text.sampler import Sampler
 from tools.testmodels.tiny import build_tiny_model
 

@@ -32,11 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args(argv)
 
-    from swama.engine.serving.prompt_cache import PromptCache
     from swama.engine.serving.scheduler import Scheduler
     from swama.engine.speculative.policy import Speculation
     from swama.engine.text.generator import ChatRequest, Finished, Sampling
     from swama.engine.text.language import load_language_model
+    from swama.engine.text.prompt_cache import PromptCache
 
     model = load_language_model("model", args.model_dir)
 

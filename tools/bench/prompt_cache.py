@@ -16,8 +16,8 @@ from pathlib import Path
 
 from swama.engine.runtime import reexec_with_fast_blas
 from swama.engine.serving.loaders import load_model
-from swama.engine.serving.prompt_cache import PromptCache
 from swama.engine.text.generator import ChatRequest, Finished, Sampling, TextDelta, generate
+from swama.engine.text.prompt_cache import PromptCache
 from tools.bench.common import (
     add_write_option,
     default_model_dir,

@@ -104,6 +104,6 @@ class PromptCache:
 
 
 def prompt_cache_of(model: LoadedModel) -> PromptCache | None:
-    """The prompt cache kept beside a model its batch scheduler serves (serving/engine.py keeps it
-    there, for requests served alone as well); None where the model keeps none."""
+    """The prompt cache beside a model: serving/engine.py keeps its scheduler's there, for the
+    requests the scheduler serves alone as well; None where the model keeps none."""
     return model.beside.get(PromptCache)
