@@ -230,3 +230,28 @@ def compute_dtype():
     if choice == "auto":
         choice = "bfloat16" if on_gpu() else "float32"
     return getattr(mx, choice)
+
+
+def available_bytes() -> int | None:
+    """Memory free for a model: the GPU's free memory when models compute there, else what the
+    system can give without swapping (MemAvailable); None where it is not known."""
+    if on_gpu():
+        return _gpu_free_bytes()
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _gpu_free_bytes() -> int | None:
+    import mlx.core as mx
+
+    info = mx.device_info()
+    free = info.get("free_memory")
+    if isinstance(free, int):
+        return free
+    total = info.get("total_memory", info.get("memory_size"))
+    return total - mx.get_active_memory() if isinstance(total, int) else None

@@ -265,8 +265,7 @@ def default_batch_cache_bytes() -> int:
     """The bound on a batched pass's copies of the prefix cache: 1 GiB on the CPU; on a GPU an eighth
     of its free memory, up to 16 GiB (20 rows of a 1,000-token prefix of a Qwen3-0.6B-sized model
     take 2.5 GB: under the CPU bound they would run in three passes)."""
-    from swama.engine.runtime import on_gpu
-    from swama.engine.serving.memory import available_bytes
+    from swama.engine.runtime import available_bytes, on_gpu
 
     if not on_gpu():
         return BATCH_CACHE_BYTES

@@ -1,4 +1,4 @@
-"""How much memory a model will take once loaded, and how much the machine has free for it.
+"""How much memory a model will take once loaded (what the machine has free is `runtime.available_bytes`).
 
 The estimate reads the safetensors headers (no weights): each floating tensor counts at the dtype
 it is computed in (float32 on the CPU, where 16-bit weights are cast up at load), every other
@@ -44,33 +44,6 @@ def model_bytes(folder: Path, float_bytes: int | None) -> int:
         except (OSError, ValueError, KeyError, struct.error):
             total += path.stat().st_size  # unreadable header: the load will say what is wrong
     return total
-
-
-def available_bytes() -> int | None:
-    """Memory free for a model: the GPU's free memory when models compute there, else what the
-    system can give without swapping (MemAvailable); None where it is not known."""
-    from swama.engine.runtime import on_gpu
-
-    if on_gpu():
-        return _gpu_free_bytes()
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def _gpu_free_bytes() -> int | None:
-    import mlx.core as mx
-
-    info = mx.device_info()
-    free = info.get("free_memory")
-    if isinstance(free, int):
-        return free
-    total = info.get("total_memory", info.get("memory_size"))
-    return total - mx.get_active_memory() if isinstance(total, int) else None
 
 
 def gib(n: int) -> str:

@@ -29,8 +29,9 @@ from pathlib import Path
 from swama.engine.errors import RETRY_AFTER_SECONDS, Busy, EngineError, LoadFailed, NotFound, Unavailable
 from swama.engine.files.store import InstalledModel, ModelStore
 from swama.engine.model import LoadedModel
+from swama.engine.runtime import available_bytes
 from swama.engine.serving.loaders import load_model
-from swama.engine.serving.memory import available_bytes, gib, model_bytes
+from swama.engine.serving.memory import gib, model_bytes
 from swama.engine.serving.threads import run_parked
 from swama.engine.settings import EngineSettings
 
