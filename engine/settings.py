@@ -15,16 +15,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import pydantic
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from swama.engine.errors import EngineError
-
-if TYPE_CHECKING:
-    from swama.engine.speculative.policy import Speculation
 
 PREFIX = "SWAMA_"
 # Prompt tokens read per scheduler step, by device: a CPU's other rows wait for the chunk; a GPU
@@ -147,11 +144,6 @@ class EngineSettings(StoreSettings):
         if self.speculative == "draft" and not self.draft_model:
             raise ValueError("--speculative draft needs --draft-model NAME (a smaller model with the same tokenizer)")
         return self
-
-    def speculation(self) -> Speculation:
-        from swama.engine.speculative.policy import Speculation
-
-        return Speculation(self.speculative, self.draft_tokens)
 
     def prompt_cache_budget(self) -> int:
         """Bytes of prompt cache per model (0: none)."""

@@ -37,6 +37,7 @@ from swama.engine.serving.scheduler import DECISION_ROWS, Scheduler
 from swama.engine.serving.threads import in_thread, iterate_in_thread
 from swama.engine.serving.turn import PromptScore
 from swama.engine.settings import EngineSettings, SettingsError
+from swama.engine.speculative.policy import speculation_of
 from swama.engine.text.generator import ChatRequest, Event, Finished, generate, prompt_ids
 from swama.engine.text.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, prompt_logprobs
 from swama.engine.text.prompt_cache import PromptCache, prompt_cache_of
@@ -233,7 +234,7 @@ class Engine:
             scheduler = Scheduler(model, prompt_cache=cache, batching=self.settings.batching,
                                   rows=self.settings.batch_rows, prefill_step=self.settings.prefill_step,
                                   profile_dir=self.settings.profile_dir,
-                                  speculation=self.settings.speculation(),
+                                  speculation=speculation_of(self.settings),
                                   draft=self._draft_for(model))
             model.beside.set(Scheduler, scheduler)  # closed with the model
         return scheduler

@@ -8,6 +8,7 @@ from swama.engine.ranks.group import current
 from swama.engine.serving.loaders import load_model
 from swama.engine.serving.scheduler import Scheduler
 from swama.engine.settings import EngineSettings
+from swama.engine.speculative.policy import speculation_of
 from swama.engine.text.prompt_cache import PromptCache
 
 
@@ -22,5 +23,5 @@ def follow(settings: EngineSettings, model_id: str) -> None:
     budget = settings.prompt_cache_budget()
     scheduler = Scheduler(model, prompt_cache=PromptCache(budget) if budget > 0 else None, batching=True,
                           rows=settings.batch_rows, prefill_step=settings.prefill_step,
-                          speculation=settings.speculation())
+                          speculation=speculation_of(settings))
     scheduler.join()

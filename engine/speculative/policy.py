@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from swama.engine.settings import EngineSettings
 from swama.engine.speculative.ngram import LONGEST, SHORTEST, PromptLookup
 
 MODES = ("off", "ngram", "draft", "auto")
@@ -90,6 +91,11 @@ class Speculation:
     @property
     def on(self) -> bool:
         return self.mode != "off"
+
+
+def speculation_of(settings: EngineSettings) -> Speculation:
+    """What the server's options ask of every batch (--speculative, --draft-tokens)."""
+    return Speculation(settings.speculative, settings.draft_tokens)
 
 
 def for_device(speculation: Speculation, gpu: bool) -> Speculation:
