@@ -72,8 +72,16 @@ from swama.engine.errors import (
     WrongModel,
 )
 from swama.engine.files.aliases import DEFAULT_MODEL, AliasEntry
+from swama.engine.files.kinds import (
+    DECISION,
+    EMBEDDING,
+    KINDS,
+    LANGUAGE,
+    SPEECH_TO_TEXT,
+    TEXT_TO_SPEECH,
+    VISION,
+)
 from swama.engine.files.store import InstalledModel
-from swama.engine.kinds import DECISION, EMBEDDING, KINDS, LANGUAGE, SPEECH_TO_TEXT, TEXT_TO_SPEECH, VISION
 from swama.engine.kinds.embeddings import Embeddings
 from swama.engine.kinds.speech import NO_SPEECH, Voices
 from swama.engine.kinds.speech import Segment as SpeechSegment

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from swama.engine.kinds import LANGUAGE
+from swama.engine.files.kinds import LANGUAGE
 from swama.engine.runtime import compute_dtype
 
 T = TypeVar("T")

@@ -111,7 +111,7 @@ def test_the_model_is_plain_data_that_names_no_layer_above_it() -> None:
                                                                   "eos_ids", "kind", "beside"}
     imported = _existing(_imports(REPO / "engine" / "model.py", top_level_only=False))
     assert imported <= {"swama.engine.errors", "swama.engine.settings", "swama.engine.runtime",
-                        "swama.engine.kinds"}, imported
+                        "swama.engine.files.kinds"}, imported
 
 
 def test_the_engine_is_the_door_it_promises() -> None:

@@ -22,7 +22,7 @@ from swama.engine.decisions.scorer.math import (
     first_argmax,
     score_confidence,
 )
-from swama.engine.kinds import DECISION
+from swama.engine.files.kinds import DECISION
 from swama.engine.model import LoadedModel, cast_for_device, eos_ids_of
 
 IMAGES_NOT_READ = "This decision checkpoint reads text only; it does not take images."

@@ -19,7 +19,7 @@ from typing import Any
 
 from swama.engine.errors import ModelNotInstalled, StoreError
 from swama.engine.files import aliases
-from swama.engine.kinds import kind_of
+from swama.engine.files.kinds import kind_of
 
 META = ".swama-meta.json"
 STAGING = ".staging"
@@ -34,7 +34,7 @@ class InstalledModel:
     size_in_bytes: int
     created: int
     source: str = ""
-    kind: str = "language"  # engine/kinds: language, vision, embedding, speech-to-text, ...
+    kind: str = "language"  # files/kinds.py: language, vision, embedding, speech-to-text, ...
     # What a conversion recorded: the GGUF file's architecture, quantization and tensor types, and
     # what they were converted to (empty for models installed as they were published).
     conversion: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)

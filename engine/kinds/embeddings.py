@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from swama.engine.errors import BadInput, Cancelled, ContextTooLong
-from swama.engine.kinds import EMBEDDING
+from swama.engine.files.kinds import EMBEDDING
 from swama.engine.model import LoadedModel, cast_for_device
 
 # Architectures whose embeddings were trained to be truncated (Matryoshka representation learning):

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from swama.engine.errors import BadInput, Cancelled, EngineError, MissingDependency, OutOfMemory
-from swama.engine.kinds import TEXT_TO_SPEECH
+from swama.engine.files.kinds import TEXT_TO_SPEECH
 from swama.engine.model import LoadedModel, cast_for_device
 
 ESPEAK_MISSING = ("This model turns text into phonemes with espeak-ng, which is not installed: install it "

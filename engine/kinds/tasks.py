@@ -11,7 +11,7 @@ from typing import Protocol
 
 from swama.engine.errors import WrongModel
 from swama.engine.files.aliases import is_audio_model
-from swama.engine.kinds import EMBEDDING, LANGUAGE, SPEECH_TO_TEXT, TEXT_TO_SPEECH, VISION
+from swama.engine.files.kinds import EMBEDDING, LANGUAGE, SPEECH_TO_TEXT, TEXT_TO_SPEECH, VISION
 
 IMAGES_NEED_VISION = "Images are not supported by this model; it has no vision processor."
 

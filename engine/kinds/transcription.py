@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from swama.engine.errors import BadInput, Cancelled, LoadFailed, WrongModel
-from swama.engine.kinds import SPEECH_TO_TEXT
+from swama.engine.files.kinds import SPEECH_TO_TEXT
 from swama.engine.model import LoadedModel
 from swama.engine.runtime import compute_dtype
 

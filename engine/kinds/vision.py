@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from swama.engine.kinds import VISION
+from swama.engine.files.kinds import VISION
 from swama.engine.model import LoadedModel, cast_for_device, eos_ids_of
 
 # Positional state mlx-vlm's mRoPE language models keep between calls.

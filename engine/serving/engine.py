@@ -22,8 +22,8 @@ from swama.engine.decisions.adjust.store import CalibrationCache
 from swama.engine.decisions.checkpoints import CheckpointResult, checkpoint_of, predict
 from swama.engine.decisions.decide import DecisionJob, DecisionResult, DecisionRun
 from swama.engine.errors import BadInput, Cancelled, ContextTooLong, NotFound
+from swama.engine.files.kinds import LANGUAGE
 from swama.engine.files.store import InstalledModel, ModelStore
-from swama.engine.kinds import LANGUAGE
 from swama.engine.kinds.embeddings import Embeddings, check_dimensions, embed, spec_of, tokenize
 from swama.engine.kinds.speech import Segment, Voices, synthesize, voices_of
 from swama.engine.kinds.tasks import Task, require

@@ -10,7 +10,15 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from swama.engine.kinds import DECISION, EMBEDDING, LANGUAGE, SPEECH_TO_TEXT, TEXT_TO_SPEECH, VISION, kind_of
+from swama.engine.files.kinds import (
+    DECISION,
+    EMBEDDING,
+    LANGUAGE,
+    SPEECH_TO_TEXT,
+    TEXT_TO_SPEECH,
+    VISION,
+    kind_of,
+)
 from swama.engine.model import LoadedModel
 
 LOADERS = {

@@ -19,7 +19,7 @@ from precision import DTYPE
 from typesafe_sdk import Choice, Noul, Score, TypeSafeClient
 
 from live_server import LiveServer, start_server
-from swama.engine.kinds import DECISION, kind_of
+from swama.engine.files.kinds import DECISION, kind_of
 
 CLEF = "test/tiny-clef"
 DECIDER = "test/tiny-decider2"

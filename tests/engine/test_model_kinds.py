@@ -12,10 +12,10 @@ import pytest
 import yaml
 
 from live_server import start_server
-from swama.engine import kinds as model_kinds
+from swama.engine.files import kinds as model_kinds
+from swama.engine.files.kinds import kind_from_config
 from swama.engine.files.sources import create
 from swama.engine.files.store import META, ModelStore
-from swama.engine.kinds import kind_from_config
 
 
 @pytest.mark.parametrize(("config", "files", "kind"), [

@@ -19,9 +19,9 @@ from precision import DTYPE
 from model_fixtures import SpeechClip
 from swama.engine.errors import Cancelled
 from swama.engine.files import aliases
+from swama.engine.files.kinds import SPEECH_TO_TEXT, kind_of
 from swama.engine.files.store import ModelStore
 from swama.engine.files.whisper_ct2 import ModelBin, WhisperConversionError, convert_ctranslate2_whisper
-from swama.engine.kinds import SPEECH_TO_TEXT, kind_of
 from swama.engine.kinds.transcription import Segment, Transcript, load_speech_to_text_model, transcribe
 from swama.handlers.media.audio_decode import AudioDecodeError, decode_audio
 from swama.handlers.routes.transcriptions_render import to_srt, to_vtt

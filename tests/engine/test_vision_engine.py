@@ -19,7 +19,7 @@ from swama.engine.decisions.scorer import (
     predicate_view,
 )
 from swama.engine.errors import EngineError
-from swama.engine.kinds import VISION
+from swama.engine.files.kinds import VISION
 from swama.engine.kinds.vision import vision_of
 from swama.engine.model import LoadedModel
 from swama.engine.serving.loaders import load_model
