@@ -692,7 +692,9 @@ class Scheduler:
             job.post(exc)
 
     def _generator(self, stream: Any) -> Any:
-        from mlx_lm.generate import BatchGenerator, StopSequences
+        from mlx_lm.generate import StopSequences
+
+        from swama.engine.text.decode_step import LeanGenerator
 
         if self._gen is None:
             # Prompts are read by the admission's batched prefill: each joins the generation batch with
@@ -706,7 +708,7 @@ class Scheduler:
                 self._gen = SpeculativeGenerator(model, speculation=self.speculation,
                                                  draft_model=self.draft.model if self.draft else None, **options)
             else:
-                self._gen = BatchGenerator(model, **options)
+                self._gen = LeanGenerator(model, **options)
             self._eos = StopSequences([[t] for t in sorted(self.model.eos_ids)])
             self._admission = Admission(self.model.model, self.prefill_step, self.bucketed, max_rows=self.rows)
         return self._gen
