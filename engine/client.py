@@ -183,7 +183,11 @@ class EngineClient(Protocol):
     def model_for(self, name: str, task: Task) -> InstalledModel:
         """`model(name)`, refused when it cannot do `task`."""
 
-    def status(self) -> EngineStatus: ...
+    def status(self) -> EngineStatus:
+        """The engine's state as last read (see `refresh`)."""
+
+    async def refresh(self) -> None:
+        """Bring `status()` up to date (an engine in another process is asked; one here always is)."""
 
     def chat(self, model_id: str, request: ChatRequest) -> AsyncIterator[Event]:
         """The events of one generation; stop iterating (or `aclose()`) to cancel it."""
@@ -228,7 +232,13 @@ class EngineClient(Protocol):
 
 
 def open_engine(settings: EngineSettings) -> EngineClient:
-    """An engine running in this process."""
+    """The engine `settings` ask for: in a process of its own (the default), whose device-driving
+    loop then shares no interpreter lock with HTTP and text work, or in this one (--no-engine-process,
+    and rank 0 of a group of ranks, which joined the group in this process and runs its model here)."""
+    if settings.engine_process and current_group() is None:
+        from swama.engine.process.proxy import EngineProcess
+
+        return EngineProcess(settings)
     from swama.engine.serving.engine import Engine
 
     return Engine(settings)

@@ -64,6 +64,18 @@ class EngineError(Exception):
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.status}, {self.message!r}, code={self.code!r})"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt from its state, whatever its class's constructor takes: errors cross from the
+        # engine process to the server process whole.
+        return _rebuild, (type(self), self.args, self.__dict__)
+
+
+def _rebuild(kind: type[EngineError], args: tuple[Any, ...], state: dict[str, Any]) -> EngineError:
+    error = kind.__new__(kind)
+    Exception.__init__(error, *args)
+    error.__dict__.update(state)
+    return error
+
 
 class BadInput(EngineError):
     status = 400

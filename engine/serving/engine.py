@@ -9,6 +9,7 @@ the work and frees its row or the model.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import threading
@@ -21,19 +22,19 @@ from swama.engine.decisions.adjust.plan import AdjustState, combine, plan_job
 from swama.engine.decisions.adjust.store import CalibrationCache
 from swama.engine.decisions.checkpoints import CheckpointResult, checkpoint_of, predict
 from swama.engine.decisions.decide import DecisionJob, DecisionResult, DecisionRun
-from swama.engine.errors import BadInput, Cancelled, ContextTooLong, NotFound
+from swama.engine.errors import BadInput, Cancelled, ContextTooLong
 from swama.engine.files.kinds import LANGUAGE
-from swama.engine.files.store import InstalledModel, ModelStore
+from swama.engine.files.store import ModelStore
 from swama.engine.kinds.embeddings import Embeddings, check_dimensions, embed, spec_of, tokenize
-from swama.engine.kinds.speech import Segment, Voices, synthesize, voices_of
-from swama.engine.kinds.tasks import Task, require
-from swama.engine.kinds.transcription import Transcript, check_language, language_of, transcribe
+from swama.engine.kinds.speech import Segment, synthesize
+from swama.engine.kinds.transcription import Transcript, check_language, transcribe
 from swama.engine.model import LoadedModel
 from swama.engine.ranks import group as ranks
 from swama.engine.ranks.group import STARTUP_TIMEOUT, group_of
 from swama.engine.runtime import compute_dtype, loaded_blas
+from swama.engine.serving.installed import InstalledModels
 from swama.engine.serving.pool import ModelPool
-from swama.engine.serving.scheduler import DECISION_ROWS, Scheduler
+from swama.engine.serving.scheduler import DECISION_ROWS, Scheduler, Sink
 from swama.engine.serving.threads import in_thread, iterate_in_thread
 from swama.engine.serving.turn import PromptScore
 from swama.engine.settings import EngineSettings, SettingsError
@@ -62,6 +63,10 @@ class EngineStatus:
     # Per model whose batch drafts (engine/speculative/), since its batch started: tokens drafted and
     # accepted, speculative steps and plain steps (keys drafted, accepted, steps, plain_steps).
     speculation: dict[str, dict[str, int]] = field(default_factory=dict)
+    # Per model with a batch scheduler: seconds its thread spent in each part of its turns since it
+    # started (engine/serving/timing.py PARTS), and its turns and decode steps.
+    scheduler: dict[str, dict[str, float]] = field(default_factory=dict)
+    process: dict[str, Any] | None = None  # the engine process (pid, restarts), when the engine runs in one
 
     @property
     def kv_cache_usage(self) -> float:
@@ -69,7 +74,18 @@ class EngineStatus:
         return min(1.0, self.kv_cache_bytes / self.kv_cache_budget) if self.kv_cache_budget else 0.0
 
 
-class Engine:
+def check_generation(request: ChatRequest, settings: EngineSettings) -> None:
+    """What a generation must hold before it is prepared: max_tokens within the context window (an
+    unset one becomes the server's default)."""
+    limit = request.effective_context_limit
+    if request.max_tokens is not None and request.max_tokens > limit:
+        raise ContextTooLong(f"The requested maximum of {request.max_tokens} output tokens is larger than the "
+                             f"context window of {limit} tokens (prompt included).")
+    if request.max_tokens is None:
+        request.max_tokens = settings.default_max_tokens
+
+
+class Engine(InstalledModels):
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings
         self.store = ModelStore(settings.models_root)
@@ -88,39 +104,13 @@ class Engine:
             raise SettingsError(f"--draft-model: no installed model is named '{settings.draft_model}' "
                                 "(`swama list` shows the installed ones)")
 
-    # -- models ----------------------------------------------------------------------------------
-
-    def models(self) -> list[InstalledModel]:
-        return self.store.list()
-
-    def find(self, name: str) -> InstalledModel | None:
-        return self.store.find(name)
-
-    def model(self, name: str) -> InstalledModel:
-        """The installed model for `name`; 404 when it is not installed (the server never downloads)."""
-        if not isinstance(name, str) or not name.strip():
-            raise BadInput("Model identifier is invalid.")
-        model = self.store.find(name)
-        if model is None:
-            raise NotFound()
-        return model
-
-    @staticmethod
-    def require(model: InstalledModel, task: Task, name: str | None = None) -> None:
-        require(model, task, name)
-
-    def model_for(self, name: str, task: Task) -> InstalledModel:
-        """The installed model for `name`, refused when it cannot do `task`."""
-        model = self.model(name)
-        require(model, task, name)
-        return model
-
     def status(self) -> EngineStatus:
         import mlx.core as mx
 
         group = ranks.current()
         held = budget = 0
         speculation: dict[str, dict[str, int]] = {}
+        clocks: dict[str, dict[str, float]] = {}
         for model in self.pool.loaded_models():
             cache, scheduler = prompt_cache_of(model), model.beside.get(Scheduler)
             if cache is not None:
@@ -128,6 +118,7 @@ class Engine:
                 budget += cache.budget
             if scheduler is not None:
                 held += scheduler.kv_bytes()
+                clocks[model.id] = scheduler.clock.reading()
                 # A drafting batch's generator (SpeculativeGenerator) keeps its counters; a plain one has none.
                 counters = getattr(getattr(scheduler, "_gen", None), "counters", None)
                 if counters is not None:
@@ -135,7 +126,10 @@ class Engine:
                                              "steps": counters.steps, "plain_steps": counters.plain_steps}
         return EngineStatus(self.pool.loaded(), self.pool.running(), self.pool.waiting(), self._blas,
                             int(mx.get_active_memory()), int(mx.get_cache_memory()), held, budget,
-                            group.status() if group is not None else None, speculation)
+                            group.status() if group is not None else None, speculation, clocks)
+
+    async def refresh(self) -> None:
+        """Nothing to do: status() reads this engine's state as it is."""
 
     async def start(self) -> None:
         """Load what must be there before the first request: on rank 0 of a group, the model the
@@ -153,12 +147,7 @@ class Engine:
 
     async def chat(self, model_id: str, request: ChatRequest) -> AsyncIterator[Event]:
         """Events of one generation on a model `model_for` found. Stop iterating (or `aclose()`) to cancel."""
-        limit = request.effective_context_limit
-        if request.max_tokens is not None and request.max_tokens > limit:
-            raise ContextTooLong(f"The requested maximum of {request.max_tokens} output tokens is larger than the "
-                                 f"context window of {limit} tokens (prompt included).")
-        if request.max_tokens is None:
-            request.max_tokens = self.settings.default_max_tokens
+        check_generation(request, self.settings)
         try:
             if self._scheduled(model_id):
                 async with self.pool.share(model_id, self._rows()) as model:
@@ -176,6 +165,23 @@ class Engine:
                     yield event
         except Cancelled:
             return
+
+    async def stream_tokens(self, model_id: str, ids: list[int], request: ChatRequest, opens_thinking: bool,
+                            sink: Sink, cid: int, ended: asyncio.Event) -> bool:
+        """A prompt a front end in another process rendered and tokenized, generated in the model's batch;
+        its tokens go to `sink` until `ended` is set (by the sink, at the job's end) or this is cancelled.
+        False when the model's batch cannot take it (its caches do not merge): the front end then asks
+        for the generation's events instead."""
+        async with self.pool.share(model_id, self._rows()) as model:
+            scheduler = self._scheduler(model)
+            if not scheduler.batching:
+                return False
+            job = await in_thread(lambda: scheduler.submit_tokens(ids, request, opens_thinking, sink, cid))
+            try:
+                await ended.wait()
+            finally:
+                scheduler.cancel(job)
+        return True
 
     async def tokenize_prompt(self, model_id: str, prompt: str | list[int]) -> list[int]:
         """A raw prompt's tokens as `ChatRequest.prompt` reads them (BadInput for ids outside the
@@ -344,11 +350,6 @@ class Engine:
 
             return await in_thread(work)
 
-    def voices(self, model_id: str) -> Voices:
-        """The voices a text-to-speech model offers; `Voices.pick` refuses one it does not."""
-        model = self.model(model_id)
-        return voices_of(model.id, model.path)
-
     async def speak(self, model_id: str, text: str, voice: str | None, speed: float) -> AsyncIterator[Segment]:
         """Audio segments of `text` on a text-to-speech model, as the model makes them; stop iterating
         (or `aclose()`) to cancel. `voice` is one `Voices.pick` chose."""
@@ -358,11 +359,6 @@ class Engine:
                     yield segment
         except Cancelled:
             return
-
-    @staticmethod
-    def transcription_language(name: str | None) -> str | None:
-        """The Whisper language code a request names (None: detected); refused when unknown."""
-        return language_of(name)
 
     async def transcribe(self, model_id: str, audio: Any, *, language: str | None = None,
                          prompt: str | None = None, temperature: float = 0.0) -> Transcript:

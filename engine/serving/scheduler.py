@@ -45,7 +45,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from swama.engine.decisions.decide import DecisionRun, launch_across, pick_rows
 from swama.engine.errors import Cancelled, ContextTooLong, EngineError, Failed, Unavailable
@@ -53,10 +53,13 @@ from swama.engine.kinds.vision import vision_of
 from swama.engine.model import LoadedModel
 from swama.engine.ranks.group import HEARTBEAT, GroupFailed, RankGroup, group_of
 from swama.engine.runtime import on_gpu
+from swama.engine.serving.admission import ALIGN, Admission, Pending
 from swama.engine.serving.threads import THREADS, in_thread
+from swama.engine.serving.timing import TimedForward, TurnClock
 from swama.engine.serving.turn import DecisionBatch, DecisionPrefill, Insert, PromptScore, Turn
 from swama.engine.settings import CPU_PREFILL_STEP, GPU_PREFILL_STEP, default_of
 from swama.engine.speculative.policy import Speculation, for_device
+from swama.engine.text.chat_prompt import Prompt
 from swama.engine.text.generator import (
     ChatRequest,
     Decoder,
@@ -69,7 +72,7 @@ from swama.engine.text.generator import (
     row_processors,
     token_budget,
 )
-from swama.engine.text.logprobs import prompt_logprobs
+from swama.engine.text.logprobs import Recorder, TokenLogprob, prompt_logprobs, token_bytes
 from swama.engine.text.prompt_cache import PromptCache, cacheable
 
 Mirror = DecisionPrefill | DecisionBatch | PromptScore  # a task as the other ranks of a group run it
@@ -96,33 +99,68 @@ def batchable(model: LoadedModel) -> bool:
 @dataclass(eq=False)
 class _Job:
     request: ChatRequest
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+    sink: Sink  # where its tokens, its error or its end go
+    queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)  # its events, when they go to an event loop here
     cancelled: threading.Event = field(default_factory=threading.Event)  # client gone, or a stop sequence met
     submitted: float = field(default_factory=time.perf_counter)
     ids: list[int] = field(default_factory=list)  # the rendered prompt
     decoder: Decoder | None = None  # used on one thread only: the event loop's or the scheduler's
     processors: list[Any] = field(default_factory=list)  # its log-probability recorder, its output mask
+    recorder: Recorder | None = None  # log probabilities, read on the scheduler's thread
+    table: Any = None  # the model's token bytes, for the recorder
     reused: int = 0
     ended: bool = False  # its last event is decoded
+    cid: int = 0  # its number on the engine process's channel
 
     def post(self, item: Any) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        self.sink.post(self, item)
 
-    def decode(self, token: int, finish_reason: str | None, reading: Any = None) -> list[Any]:
-        """One generated token (its log probabilities when asked, and the generator's finish reason)
-        into the items for the queue."""
+    def read(self, token: int) -> TokenLogprob | None:
+        """The log probabilities of `token`, on the scheduler's thread (None when not asked)."""
+        return self.recorder.take(token, self.table) if self.recorder is not None else None
+
+    def decode(self, token: int, finish_reason: str | None, reading: Any = None, drafted: int = 0) -> list[Any]:
+        """One generated token (its log probabilities when asked, the draft tokens accepted so far and
+        the generator's finish reason) into the items for the queue."""
         if self.ended:
             return []
-        items: list[Any] = self.decoder.token(token, reading)
-        reason = self.decoder.finish_reason or finish_reason
-        if reason is not None:
-            self.ended = True
+        self.decoder.drafted = drafted
+        items, self.ended = self.decoder.step(token, finish_reason, reading, self.reused)
+        if self.ended:
             if finish_reason is None:
                 self.cancelled.set()  # a stop sequence: the scheduler takes the row out next turn
-            items += self.decoder.finish(reason, self.reused)
             items.append(_DONE)
         return items
+
+
+class Sink(Protocol):
+    """Where a job's tokens go: to an event loop of this process, or over the engine process's channel."""
+
+    def post(self, job: _Job, item: Any) -> None:
+        """The job's error or its end (`_DONE`), from any thread."""
+
+    def deliver(self, tokens: list[tuple[_Job, int, str | None, Any, int]]) -> None:
+        """A step's tokens (job, token, finish reason, log probabilities, draft tokens accepted so far), on
+        the scheduler's thread."""
+
+
+class LoopSink:
+    """Jobs of one event loop: their tokens become events there (a GPU: the thread that drives it does
+    no text work), or on the scheduler's thread (the CPU, whose cores are the device: text work
+    beside a step only takes a core from it)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, decode_here: bool) -> None:
+        self.loop = loop
+        self.decode_here = decode_here
+
+    def post(self, job: _Job, item: Any) -> None:
+        self.loop.call_soon_threadsafe(job.queue.put_nowait, item)
+
+    def deliver(self, tokens: list[tuple[_Job, int, str | None, Any, int]]) -> None:
+        if self.decode_here:
+            self.loop.call_soon_threadsafe(_put, [(job, job.decode(*rest)) for job, *rest in tokens])
+        else:
+            self.loop.call_soon_threadsafe(_decode_and_put, tokens)
 
 
 def _put(decoded: list[tuple[_Job, list[Any]]]) -> None:
@@ -164,9 +202,9 @@ def _index(run: DecisionRun, question: Any) -> int:
     return next(i for i, q in enumerate(run.prepared) if q is question)
 
 
-def _decode_and_put(tokens: list[tuple[_Job, int, str | None, Any]]) -> None:
+def _decode_and_put(tokens: list[tuple[_Job, int, str | None, Any, int]]) -> None:
     """On the event loop: a step's tokens decoded, then into their jobs' queues."""
-    _put([(job, job.decode(token, finish_reason, reading)) for job, token, finish_reason, reading in tokens])
+    _put([(job, job.decode(*rest)) for job, *rest in tokens])
 
 
 class Scheduler:
@@ -193,10 +231,19 @@ class Scheduler:
         # work; on the CPU, whose cores are the device, on this thread between steps (text work
         # running beside a step only takes a core from it).
         self.decode_on_loop = on_gpu()
+        self._sinks: dict[asyncio.AbstractEventLoop, LoopSink] = {}
         self._wake = threading.Condition()
         self._new: deque[_Job] = deque()
         self._tasks: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any], Mirror | None]] = deque()
-        self._active: dict[int, _Job] = {}
+        self._active: dict[int, _Job | None] = {}  # by row id (None: another rank's request, when following)
+        self._uid_of: dict[int, int] = {}  # a row's uid in the generation batch, once its prompt is read
+        self._rid_of: dict[int, int] = {}
+        self._rids = 0
+        self._admission: Admission | None = None
+        # Prefill shapes from a small set on a GPU, where each new shape's attention graph is built
+        # with the device idle (engine/serving/admission.py).
+        self.bucketed = on_gpu()
+        self.clock = TurnClock()
         self._decisions: list[tuple[DecisionRun, concurrent.futures.Future[None]]] = []
         self._in_flight: Any = None  # the decision pass launched last turn, finished this turn
         self.decision_passes = 0  # batched passes that scored decision questions
@@ -221,15 +268,18 @@ class Scheduler:
 
     async def generate(self, request: ChatRequest) -> AsyncIterator[Event]:
         """Events of one generation; stop iterating (or `aclose()`) to cancel it."""
-        job = _Job(request, asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        sink = self._sinks.get(loop) or self._sinks.setdefault(loop, LoopSink(loop, not self.decode_on_loop))
+        job = _Job(request, sink)
         if not self.batching:
             job_done = self.call(lambda: self._alone(job))
         else:
             def ready() -> None:  # rendering, tokenizing and compiling a grammar: off the event loop
                 prompt = prepare(self.model, request)
                 job.ids = prompt.ids
-                job.processors, recorder = row_processors(self.model, request, prompt)
-                job.decoder = Decoder(self.model, request, len(job.ids), recorder, prompt.opens_thinking)
+                job.processors, job.recorder = row_processors(self.model, request, prompt)
+                job.table = token_bytes(self.model) if job.recorder is not None else None
+                job.decoder = Decoder(self.model, request, len(job.ids), job.recorder, prompt.opens_thinking)
 
             await in_thread(ready)
             job.decoder.started = job.submitted  # time to first token counts the preparation and the wait for a row
@@ -248,6 +298,26 @@ class Scheduler:
             if not self.batching:
                 # The request's task may still be queued: it sees the cancel and does nothing.
                 await asyncio.shield(asyncio.wrap_future(job_done))
+
+    def submit_tokens(self, ids: list[int], request: ChatRequest, opens_thinking: bool, sink: Sink, cid: int) -> _Job:
+        """A prompt a front end already rendered and tokenized, into the batch; its tokens, its error
+        or its end go to `sink` under `cid`. Its logits processors are made here (a grammar compiles):
+        call it off the event loop."""
+        if not self.batching:
+            raise ValueError("tokens stream from the batch scheduler (batching on)")
+        job = _Job(request, sink, ids=ids, cid=cid)
+        job.processors, job.recorder = row_processors(self.model, request, Prompt(ids, "", opens_thinking=opens_thinking))
+        job.table = token_bytes(self.model) if job.recorder is not None else None
+        self._submit(lambda: self._new.append(job))
+        return job
+
+    def cancel(self, job: _Job) -> None:
+        """The job's client is gone (or its front end met a stop sequence): its row leaves at the next turn."""
+        job.cancelled.set()
+        try:
+            self._submit(lambda: None)
+        except EngineError:  # the scheduler is closing: the row goes with it
+            pass
 
     def call(self, step: Callable[[], T], mirror: Mirror | None = None) -> concurrent.futures.Future[T]:
         """Run `step` on the scheduler's thread between batch steps; await it with `asyncio.wrap_future`.
@@ -323,7 +393,8 @@ class Scheduler:
     def kv_bytes(self) -> int:
         """Bytes of key/value state the batch's rows hold now (read from another thread: an estimate)."""
         try:
-            return int(self._gen.prompt_cache_nbytes) if self._gen is not None else 0
+            held = int(self._gen.prompt_cache_nbytes) if self._gen is not None else 0
+            return held + (self._admission.nbytes if self._admission is not None else 0)
         except Exception:  # the batch changed while it was read
             return 0
 
@@ -366,21 +437,25 @@ class Scheduler:
         idle_wait = HEARTBEAT if self.group is not None else None
         while True:
             with self._wake:
+                waited = time.perf_counter()
                 while not (self._closed or self._failed or self._new or self._tasks or self._active
                            or self._decisions or self._in_flight is not None):
                     if not self._wake.wait(idle_wait):
                         break
+                self.clock.add("idle", time.perf_counter() - waited)
                 if self._closed or self._failed:
                     break
                 new = list(self._new)
                 self._new.clear()
                 task = self._tasks.popleft() if self._tasks else None
                 forget, self._forget = self._forget, []
+            self.clock.turns += 1
             with mx.stream(stream):
                 turn = Turn(forget=forget) if self.group is not None else None
-                for job in new:
-                    self._insert(job, stream, turn)
-                self._drop_cancelled(turn)
+                with self.clock.part("admission"):
+                    for job in new:
+                        self._insert(job, stream, turn)
+                    self._drop_cancelled(turn)
                 if task is not None and not task[1].set_running_or_notify_cancel():
                     task = None  # its caller went away before it started
                 picked = self._pick_pass() if self._decisions or self._in_flight is not None else None
@@ -407,12 +482,14 @@ class Scheduler:
         import mlx.core as mx
 
         if task is not None:
-            self._run_task(task[0], task[1])
+            with self.clock.part("tasks"):
+                self._run_task(task[0], task[1])
         if picked is not None:
-            self._decision_pass(*picked)
+            with self.clock.part("decisions"):
+                self._decision_pass(*picked)
         if self._active:
             try:
-                self._step()
+                self._advance()
             except Exception as exc:  # the whole batch failed: answer every row, start afresh
                 self._per_request(exc)
                 log.exception("batch step failed on %s", self.model.id)
@@ -421,6 +498,12 @@ class Scheduler:
                 mx.clear_cache()  # idle again: hand the freed buffers back to the system
         if self.group is not None:
             self.group.end_step()
+
+    def _advance(self) -> None:
+        """The batch's device work of a turn: one prefill forward over waiting prompts, one decode step."""
+        self._admit_ready()
+        if self._uid_of:
+            self._step()
 
     def _per_request(self, exc: BaseException) -> None:
         """Let `exc` go to the requests it concerns; on a split model only the engine's own errors
@@ -549,12 +632,12 @@ class Scheduler:
         import mlx.core as mx
 
         for ins in turn.inserts:
-            uid, reused = self._join(ins.ids, ins.budget, ins.sampling, stream,
+            rid, reused = self._join(ins.ids, ins.budget, ins.sampling, stream,
                                      constraint_processors(self.model, ins.constraint))
             if reused != ins.reused:
                 raise GroupFailed(f"rank {self.group.rank} resumed {reused} cached prompt tokens where rank 0 "
                                   f"resumed {ins.reused}; the prompt caches differ")
-            self._active[uid] = None
+            self._active[rid] = None
         for uid in turn.removals:
             self._remove(uid)
         for key in turn.forget:
@@ -580,10 +663,9 @@ class Scheduler:
                     _quietly(lambda run=run, q=q, row=row: run.accept(q, row))
             self._in_flight = launched
         if self._active:
-            self._step()
+            self._advance()
             if not self._active:
                 mx.clear_cache()
-
 
     def _settle(self, future: concurrent.futures.Future[None], error: BaseException | None) -> None:
         with self._wake:
@@ -611,19 +693,25 @@ class Scheduler:
             job.post(exc)
 
     def _generator(self, stream: Any) -> Any:
-        from mlx_lm.generate import BatchGenerator, StopSequences
+        from mlx_lm.generate import StopSequences
+
+        from swama.engine.text.decode_step import LeanGenerator
 
         if self._gen is None:
-            options = dict(completion_batch_size=self.rows, prefill_batch_size=min(8, self.rows),
+            # Prompts are read by the admission's batched prefill: each joins the generation batch with
+            # its cache and only its last token, which the batch's first decode step feeds.
+            model = TimedForward(self.model.model, self.clock)
+            options = dict(completion_batch_size=self.rows, prefill_batch_size=self.rows,
                            prefill_step_size=self.prefill_step, stream=stream)
             if self.speculation.on:
                 from swama.engine.speculative.batch import SpeculativeGenerator
 
-                self._gen = SpeculativeGenerator(self.model.model, speculation=self.speculation,
+                self._gen = SpeculativeGenerator(model, speculation=self.speculation,
                                                  draft_model=self.draft.model if self.draft else None, **options)
             else:
-                self._gen = BatchGenerator(self.model.model, **options)
+                self._gen = LeanGenerator(model, **options)
             self._eos = StopSequences([[t] for t in sorted(self.model.eos_ids)])
+            self._admission = Admission(self.model.model, self.prefill_step, self.bucketed, max_rows=self.rows)
         return self._gen
 
     def _insert(self, job: _Job, stream: Any, turn: Turn | None = None) -> None:
@@ -640,27 +728,40 @@ class Scheduler:
             if turn is not None and sampling.seed is None and sampling.temperature > 0:
                 # Every rank samples the same tokens from the same logits only with one seed.
                 sampling = dataclasses.replace(sampling, seed=secrets.randbits(63))
-            uid, job.reused = self._join(ids, budget, sampling, stream, job.processors)
+            rid, job.reused = self._join(ids, budget, sampling, stream, job.processors)
         except Exception as exc:
             job.post(exc)
             return
-        self._active[uid] = job
+        self._active[rid] = job
         if turn is not None:
             turn.inserts.append(Insert(ids, job.reused, budget, sampling, job.request.constraint))
 
     def _join(self, ids: list[int], budget: int, sampling: Any, stream: Any,
               extra: list[Any]) -> tuple[int, int]:
-        """A prompt into the batch, resumed from the prompt cache: its row (uid) and the tokens reused."""
+        """A prompt queued for the batch's prefill, resumed from the prompt cache: its row id and the
+        tokens reused."""
         from mlx_lm.models.cache import make_prompt_cache
 
         sampler, processors = make_sampling(self.model, sampling)
         processors = ordered(processors, extra)
-        cache, reused = self.prompt_cache.take(ids) if self.prompt_cache is not None else (None, 0)
-        gen = self._generator(stream)
-        [uid] = gen.insert([ids[reused:]], max_tokens=[budget], caches=[cache or make_prompt_cache(self.model.model)],
-                           all_tokens=[list(ids[:reused])], samplers=[sampler], logits_processors=[processors],
-                           stop_sequences=[self._eos])
-        return uid, reused
+        multiple = ALIGN if self.bucketed else 1
+        cache, reused = self.prompt_cache.take(ids, multiple) if self.prompt_cache is not None else (None, 0)
+        self._generator(stream)
+        self._rids += 1
+        self._admission.add(Pending(self._rids, ids, cache or make_prompt_cache(self.model.model), reused,
+                                    (budget, sampler, processors)))
+        return self._rids, reused
+
+    def _admit_ready(self) -> None:
+        """One prefill forward over waiting prompts; the prompts it finished join the generation batch."""
+        with self.clock.part("prefill"):
+            ready = self._admission.step() if self._admission is not None else []
+        for row in ready:
+            budget, sampler, processors = row.extra
+            [uid] = self._gen.insert([row.ids[-1:]], max_tokens=[budget], caches=[row.cache],
+                                     all_tokens=[row.ids[:-1]], samplers=[sampler],
+                                     logits_processors=[processors], stop_sequences=[self._eos])
+            self._uid_of[row.rid], self._rid_of[uid] = uid, row.rid
 
     def _keep(self, kept: tuple[list[Any], list[int]] | None) -> None:
         """Give a finished row's key/value state to the prompt cache."""
@@ -677,51 +778,63 @@ class Scheduler:
             return 0
         return counters.by_uid.get(uid, 0) if keep else counters.by_uid.pop(uid, 0)
 
-    def _remove(self, uid: int) -> None:
+    def _remove(self, rid: int) -> None:
+        self._active.pop(rid, None)
+        uid = self._uid_of.pop(rid, None)
+        if uid is None:  # still reading its prompt
+            if self._admission is not None:
+                self._admission.drop(rid)
+            return
+        del self._rid_of[uid]
         self._drafted(uid)
-        kept = self._gen.remove([uid], return_prompt_caches=True).get(uid)
-        self._active.pop(uid, None)
-        self._keep(kept)
+        self._keep(self._gen.remove([uid], return_prompt_caches=True).get(uid))
 
     def _drop_cancelled(self, turn: Turn | None = None) -> None:
-        for uid in [u for u, job in self._active.items() if job.cancelled.is_set()]:
-            self._remove(uid)  # its client is gone: nothing more is sent
+        for rid in [r for r, job in self._active.items() if job is not None and job.cancelled.is_set()]:
+            self._remove(rid)  # its client is gone: nothing more is sent
             if turn is not None:
-                turn.removals.append(uid)
+                turn.removals.append(rid)
 
     def _step(self) -> None:
+        graph = self.clock.seconds["graph"]
+        started = time.perf_counter()
         _, responses = self._gen.next()
-        by_loop: dict[asyncio.AbstractEventLoop, list[Any]] = {}
+        done = time.perf_counter()
+        self.clock.add("evaluation", done - started - (self.clock.seconds["graph"] - graph))
+        self.clock.steps += 1
+        by_sink: dict[int, tuple[Sink, list[Any]]] = {}
         if self.group is not None:
             self._checksum = sum(r.uid * 1000003 + int(r.token) for r in responses) & 0x7FFFFFFF
         for r in responses:
-            job = self._active.get(r.uid)
-            if job is None:
-                if r.finish_reason is not None and r.uid in self._active:  # another rank's row (following)
-                    self._active.pop(r.uid)
-                    self._keep((r.prompt_cache, r.all_tokens))
+            rid = self._rid_of.get(r.uid)
+            job = self._active.get(rid) if rid is not None else None
+            if r.finish_reason is not None and rid is not None:  # end of sequence or max tokens: it left the batch
+                del self._rid_of[r.uid], self._uid_of[rid]
+                self._active.pop(rid, None)
+                self._keep((r.prompt_cache, r.all_tokens))
+            if job is None:  # another rank's row (following), or one cancelled meanwhile
                 continue
             token = int(r.token)
-            job.decoder.drafted = self._drafted(r.uid, keep=r.finish_reason is None)
-            reading = job.decoder.reading(token)
-            item = ((job, token, r.finish_reason, reading) if self.decode_on_loop
-                    else (job, job.decode(token, r.finish_reason, reading)))
-            by_loop.setdefault(job.loop, []).append(item)
-            if r.finish_reason is not None:  # end of sequence or max tokens: the row has left the batch
-                self._active.pop(r.uid)
-                self._keep((r.prompt_cache, r.all_tokens))
-        deliver = _decode_and_put if self.decode_on_loop else _put
-        for loop, items in by_loop.items():  # one wake-up of each event loop per step
-            loop.call_soon_threadsafe(deliver, items)
+            drafted = self._drafted(r.uid, keep=r.finish_reason is None)
+            by_sink.setdefault(id(job.sink), (job.sink, []))[1].append(
+                (job, token, r.finish_reason, job.read(token), drafted))
+        posted = time.perf_counter()
+        self.clock.add("post", posted - done)
+        for sink, tokens in by_sink.values():  # one wake-up of each event loop (or one message) per step
+            sink.deliver(tokens)
+        self.clock.add("delivery", time.perf_counter() - posted)
 
     def _fail_all(self, error: EngineError) -> None:
         for job in self._active.values():
             if job is not None:
                 job.post(error)
         self._active.clear()
+        self._uid_of.clear()
+        self._rid_of.clear()
         for job in self._new:
             job.post(error)
         self._new.clear()
+        self._admission = None
         if self._gen is not None:
             self._gen.close()
             self._gen = None

@@ -1,7 +1,7 @@
 """Speculative decoding inside continuous batching.
 
 `SpeculativeGenerator` is mlx-lm's `BatchGenerator` whose generation batch is a `SpeculativeBatch`.
-Each step of that batch either is mlx-lm's plain step (one token a row, the next pass launched
+Each step of that batch either is a plain step (text/decode_step.py: one token a row, the next pass launched
 before the last is read back) or, when some rows have drafts worth verifying (engine/speculative/
 policy.py), one pass of 1 + m positions for every row:
 
@@ -35,6 +35,7 @@ from swama.engine.speculative.ngram import PromptLookup
 from swama.engine.speculative.policy import Costs, Row, Speculation, choose_width
 from swama.engine.speculative.row_cache import RowKVCache
 from swama.engine.speculative.verify import lazy_arrays, verify_sampled
+from swama.engine.text.decode_step import LeanBatch
 from swama.engine.text.sampler import Sampler
 
 NO_LOGPROBS = None  # speculative tokens carry no log-probability vector (rows asking for them never draft)
@@ -59,7 +60,7 @@ def _able(sampler: Any, processors: Any) -> bool:
             and not any(getattr(p, "once_per_token", False) for p in processors or ()))
 
 
-class SpeculativeBatch(GenerationBatch):
+class SpeculativeBatch(LeanBatch):
     speculation: Speculation = Speculation()
     counters: Counters | None = None
     costs: Costs | None = None

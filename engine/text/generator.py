@@ -402,6 +402,16 @@ class Decoder:
             self.reasoning_tokens += 1  # a token of the think block (or the blank line closing it)
         return events
 
+    def step(self, token: int, finish_reason: str | None, logprob: TokenLogprob | None = None,
+             cached_tokens: int = 0) -> tuple[list[Event], bool]:
+        """The events of one token of a batch row, and whether the output ended with it: the batch's
+        end (end of sequence, token budget) or one this decoder saw (a stop sequence, a lone tool call)."""
+        events = self.token(token, logprob)
+        reason = self.finish_reason or finish_reason
+        if reason is None:
+            return events, False
+        return events + self.finish(reason, cached_tokens), True
+
     def finish(self, reason: str, cached_tokens: int = 0) -> list[Event]:
         """The held-back text, the tool calls still open, and the `Finished` event."""
         self.detok.finalize()

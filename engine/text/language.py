@@ -29,3 +29,14 @@ def load_language_model(model_id: str, path: Path) -> LoadedModel:
     loaded = LoadedModel(model_id, path, model, tokenizer, config, eos_ids_of(path, tokenizer))
     loaded.beside.set(ranks.RankGroup, group if split else None)
     return loaded
+
+
+def load_language_face(model_id: str, path: Path) -> LoadedModel:
+    """The model as a front end needs it: its tokenizer, chat template, config and end tokens, loaded
+    as `load_language_model` loads them, with no weights (`model` is None). A server process whose
+    engine runs in another process renders, tokenizes and detokenizes with it."""
+    from mlx_lm.utils import load_config, load_tokenizer
+
+    tokenizer = load_tokenizer(path, eos_token_ids=load_config(path).get("eos_token_id"))
+    config = json.loads((path / "config.json").read_text())
+    return LoadedModel(model_id, path, None, tokenizer, config, eos_ids_of(path, tokenizer))

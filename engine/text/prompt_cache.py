@@ -65,17 +65,19 @@ class PromptCache:
         # A snapshot first (one step under the GIL): /metrics reads this while the scheduler changes it.
         return sum(e.nbytes for e in list(self._entries.values()))
 
-    def take(self, ids: list[int]) -> tuple[list[Any] | None, int]:
+    def take(self, ids: list[int], multiple: int = 1) -> tuple[list[Any] | None, int]:
         """A cache holding the longest prefix of `ids` any entry shares (at most all but the last
-        token, which must be run to get logits), and that prefix's length; (None, 0) when no entry
-        shares a token. An entry the prompt fully extends is handed over; one it parts from midway
-        stays for its own conversation, and the prompt gets a copy of the shared part."""
+        token, which must be run to get logits), cut back to a multiple of `multiple` tokens, and
+        that prefix's length; (None, 0) when no entry shares that much. An entry the prompt fully
+        extends is handed over; one it parts from midway stays for its own conversation, and the
+        prompt gets a copy of the shared part."""
         best, best_len = None, 0
         for key, entry in self._entries.items():
             shared = _common_prefix(entry.tokens, ids)
             if shared > best_len:
                 best, best_len = key, shared
         reuse = min(best_len, len(ids) - 1)
+        reuse -= reuse % multiple
         if best is None or reuse <= 0:
             return None, 0
         entry = self._entries[best]

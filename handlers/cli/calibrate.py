@@ -629,7 +629,12 @@ async def _in_process(args: argparse.Namespace, records: list[Record], model: st
         await engine.close()
     print(format_report(report))
     if not args.no_plot and report.held_out:
-        path = plot_reliability(report, _plot_path(args))
+        try:
+            path = plot_reliability(report, _plot_path(args))
+        except ModuleNotFoundError as exc:  # some installs leave matplotlib out (tools/gpu.sh's runtime bundle)
+            print(f"error: the reliability diagram needs {exc.name}, which is not installed: pip install "
+                  f"{exc.name}, or pass --no-plot", file=sys.stderr)
+            return 1
         print(f"Saved the reliability diagram to {path}")
     return 0
 

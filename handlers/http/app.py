@@ -55,16 +55,19 @@ def _operational_endpoints(app: FastAPI, settings: ServerSettings, engine: Engin
 
     @app.get("/metrics", include_in_schema=False)
     async def prometheus() -> Response:
+        await engine.refresh()
         body, media_type = metrics.exposition()
         return Response(body, media_type=media_type)
 
     @app.get("/health", include_in_schema=False)
     async def health() -> JSONResponse:
+        await engine.refresh()
         status, default = engine.status(), server_default_model(settings, engine)
         return JSONResponse({"status": "ok", "version": package_version(), "models_loaded": status.models_loaded,
                              "default_model": default.id if default else None,
                              "running": status.running, "waiting": status.waiting, "blas": status.blas,
-                             **({"ranks": status.ranks} if status.ranks is not None else {})})
+                             **({"ranks": status.ranks} if status.ranks is not None else {}),
+                             **({"engine_process": status.process} if status.process is not None else {})})
 
 
 def _workers_ai_model(path: str) -> str | None:

@@ -82,6 +82,7 @@ class Metrics:
             Gauge(name, text, registry=r).set_function(read)
         r.register(_RankCollector(engine))
         r.register(_SpeculationCollector(engine))
+        r.register(_SchedulerCollector(engine))
 
     def generation_finished(self, model: str, done: Finished) -> None:
         self.prompt_tokens.labels(model).inc(done.prompt_tokens)
@@ -150,6 +151,33 @@ class _SpeculationCollector:
             steps.add_metric([model, "speculative"], counts["steps"])
             steps.add_metric([model, "plain"], counts["plain_steps"])
         yield drafted
+        yield steps
+
+
+class _SchedulerCollector:
+    """Where each model's batch scheduler thread spent its time, by part of its turn, since the model
+    was loaded: a benchmark reads it before and after a load level to see what holds the level back."""
+
+    def __init__(self, engine: EngineClient) -> None:
+        self.engine = engine
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily
+
+        seconds = CounterMetricFamily("swama_scheduler_seconds", "Seconds a model's batch scheduler spent in each "
+                                      "part of its turns (admission, prefill, graph building, evaluation, host "
+                                      "post-processing, delivery, tasks, decisions, idle)", labels=["model", "part"])
+        turns = CounterMetricFamily("swama_scheduler_turns", "Turns of a model's batch scheduler", labels=["model"])
+        steps = CounterMetricFamily("swama_scheduler_decode_steps", "Decode steps of a model's batch",
+                                    labels=["model"])
+        for model, reading in sorted(self.engine.status().scheduler.items()):
+            for part, value in reading.items():
+                if part not in ("turns", "steps"):
+                    seconds.add_metric([model, part], value)
+            turns.add_metric([model], reading["turns"])
+            steps.add_metric([model], reading["steps"])
+        yield seconds
+        yield turns
         yield steps
 
 

@@ -1,18 +1,38 @@
-"""Closed-loop load on a live `swama serve`: decision clients and chat streams at rising concurrency.
+"""Load on a live `swama serve`, held against the engine alone: decision clients, chat streams in
+waves and chat requests arriving at random.
 
     python -m tools.bench.load [--shape qwen3-0.6b | --model-dir DIR] [--decisions 1,8,32,64]
-                               [--chat 1,8,32,64,128] [--seconds 15] [--max-tokens 128] [--batch-rows 64]
-                               [--profile DIR] [--swama-src DIR] [--label NAME] [--write [docs/benchmarks.md]]
+                               [--chat 1,8,32,64,128] [--repeats 3] [--poisson 8,32] [--seconds 15]
+                               [--max-tokens 128] [--batch-rows 256] [--no-ceiling] [--server-flags ...]
+                               [--profile DIR] [--swama-src DIR] [--label NAME] [--out FILE]
+
+**The ceiling first.** Before the server starts, `python -m tools.bench.ceiling` runs in its own
+process on the same model folder and the same row counts: mlx-lm's `BatchGenerator` alone (one
+wave of the same prompts, prefill included) and a raw decode forward. Every chat level prints the
+live figure beside it and the efficiency (live / batch loop).
 
 Decisions: every client sends requests back to back, each 20 questions (10 predicates, 10 four-way
 choices) over its own ~1,000-token input (the client's number leads it, so no request shares a
 prefix with another client's). A level runs `--seconds`; reported: questions/s (questions answered
-over the level's wall time), median and p95 request latency. Chat: every client streams one
-request of `--max-tokens` tokens (temperature 0, its own first line); reported: aggregate tokens/s
-and median time to the first token. On an NVIDIA machine the GPU's utilisation is sampled
-(nvidia-smi, every 100 ms) during each level, and a physical limit is printed beside each figure:
-decisions from the model's FLOPs at the measured matmul rate, chat from one read of the weights
-per step at `--bandwidth` GB/s.
+over the level's wall time), median and p95 request latency.
+
+Chat waves: N clients start together, each streams one request of `--max-tokens` tokens
+(temperature 0, its own first line); each level runs `--repeats` times. Reported: aggregate tokens/s
+(median of the repeats, with their spread), median and p90 time to the first token, and stalls (a
+repeat whose median time to first token passes 1 s plus five times the batch loop's, or whose
+throughput is under half the level's best). Beside each level, where the scheduler thread spent the
+level (read from the server's /metrics before and after: admission, prefill, graph building,
+evaluation, host post-processing, delivery, tasks, decisions, idle), as shares of the level's time
+and per decode step.
+
+Chat arrivals (`--poisson RATES`, requests per second): requests arrive at exponential intervals for
+`--seconds`, each streaming `--max-tokens` tokens; reported: tokens/s, time to first token and
+inter-token latency percentiles (p50, p90, p99, from the client's clock on each content delta).
+
+On an NVIDIA machine the GPU's utilisation is sampled (nvidia-smi, every 100 ms) during each level,
+and a physical limit is printed beside each figure: decisions from the model's FLOPs at the measured
+matmul rate, chat from one read of the weights and the rows' key/value state per step at
+`--bandwidth` GB/s.
 
 `--profile DIR` starts the server with `--profile-dir DIR`: the scheduler thread's cProfile is
 written when it stops, and its top entries are printed. `--swama-src DIR` runs the server from
@@ -22,23 +42,30 @@ another checkout's package layout (DIR/swama/...), to compare two versions on on
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import dataclasses
 import json
+import multiprocessing
 import os
 import pstats
+import random
 import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
-from tools.bench.chat import Scenario, Target, request_body, stream_chat
+from swama.engine.serving.timing import PARTS
+from tools.bench.chat import Scenario, Target, request_body, sse_data, stream_chat
 from tools.bench.common import Server, build_store, free_port, server_env, temp_dir
-from tools.bench.serving import TASK, run_level
+from tools.bench.serving import TASK, Level, run_level
 
 QUESTIONS = 20
 
@@ -203,9 +230,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--models-dir", type=Path, default=Path("/tmp/swama-gpu/shaped"))
     parser.add_argument("--decisions", default="1,8,32,64", help="decision client counts ('' for none)")
     parser.add_argument("--chat", default="1,8,32,64,128", help="chat stream counts ('' for none)")
-    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--repeats", type=int, default=3, help="times each chat level runs (stalls are counted)")
+    parser.add_argument("--poisson", default="", help="chat arrival rates, requests/s ('' for none)")
+    parser.add_argument("--seconds", type=float, default=15.0, help="length of a decision level or an arrival run")
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--batch-rows", type=int, default=64)
+    parser.add_argument("--batch-rows", type=int, default=256)
+    parser.add_argument("--no-ceiling", action="store_true", help="skip mlx-lm's batch loop alone")
+    parser.add_argument("--ceiling-rounds", type=int, default=3)
+    parser.add_argument("--server-flags", default="", help="more `swama serve` flags, one string")
+    parser.add_argument("--client-processes", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)),
+                        help="processes the chat clients of a wave are spread over")
     parser.add_argument("--input-tokens", type=int, default=1000)
     parser.add_argument("--bandwidth", type=float, default=4300.0, help="GB/s for the decode limit")
     parser.add_argument("--timeout", type=float, default=600.0)
@@ -239,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     with temp_dir("bench-load-store-") as root:
         store = build_store(Path(root), folder, repo_id)
         # Every client of the largest level may wait for the model at once.
-        flags = ["--batch-rows", str(args.batch_rows), "--max-model-queue", "1024"]
+        flags = ["--batch-rows", str(args.batch_rows), "--max-model-queue", "1024", *shlex.split(args.server_flags)]
         if args.profile is not None:
             flags += ["--profile-dir", str(args.profile)]
         extra = {"SWAMA_MODELS": str(store), "SWAMA_IDLE_SECONDS": "3600", "HF_HUB_OFFLINE": "1"}
@@ -254,12 +288,14 @@ def main(argv: list[str] | None = None) -> int:
 
         target = Target(args.label, "", repo_id, start)
         text = ticket_text(args.input_tokens)
+        ceiling = run_ceiling(folder, args) if counts(args.chat) and not args.no_ceiling else {}
         with target.start(free_port()) as server:
             with httpx.Client(timeout=args.timeout) as http:  # loads the model, compiles the shapes once
                 http.post(server.base_url + "/v1/decisions", json=decision_body(repo_id, text, -1, 0)).raise_for_status()
                 stream_chat(http, server, request_body(repo_id, Scenario("warm-up", TASK, 8), 0))
             lines += decision_lines(server, repo_id, text, args, facts, tflops)
-            lines += chat_lines(target, server, args, facts)
+            lines += chat_lines(target, server, args, facts, ceiling)
+            lines += poisson_lines(server, repo_id, args)
     if args.profile is not None:
         lines += ["", profile_summary(args.profile)]
     report = "\n".join(lines) + "\n"
@@ -291,24 +327,242 @@ def decision_lines(server: Server, model: str, text: str, args: argparse.Namespa
     return out + [""]
 
 
-def chat_lines(target: Target, server: Server, args: argparse.Namespace, facts: dict) -> list[str]:
+def run_ceiling(folder: Path, args: argparse.Namespace) -> dict[int, dict[str, Any]]:
+    """mlx-lm's batch loop and a raw forward alone on the folder, in their own process (tools.bench.ceiling)."""
+    with tempfile.TemporaryDirectory(prefix="bench-ceiling-") as tmp:
+        out = Path(tmp) / "ceiling.json"
+        cmd = [sys.executable, "-m", "tools.bench.ceiling", "--model-dir", str(folder), "--rows", args.chat,
+               "--max-tokens", str(args.max_tokens), "--rounds", str(args.ceiling_rounds), "--json", str(out)]
+        print("the ceiling: " + shlex.join(cmd[1:]), flush=True)
+        done = subprocess.run(cmd, env=server_env({"HF_HUB_OFFLINE": "1"}), timeout=args.timeout * 4)
+        if done.returncode != 0 or not out.is_file():
+            print(f"the ceiling run failed (exit {done.returncode}); levels are shown without it", flush=True)
+            return {}
+        return {w["rows"]: w for w in json.loads(out.read_text())}
+
+
+def scheduler_reading(server: Server) -> dict[str, float]:
+    """The scheduler clocks of every model the server has loaded, summed (engine/serving/timing.py)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(server.base_url + "/metrics", timeout=30).text
+    reading: dict[str, float] = dict.fromkeys((*PARTS, "turns", "steps"), 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "swama_scheduler_seconds_total":
+                reading[sample.labels["part"]] = reading.get(sample.labels["part"], 0.0) + sample.value
+            elif sample.name == "swama_scheduler_turns_total":
+                reading["turns"] += sample.value
+            elif sample.name == "swama_scheduler_decode_steps_total":
+                reading["steps"] += sample.value
+    return reading
+
+
+@dataclass
+class Repeat:
+    level: Level
+    gpu: float | None
+    clock: dict[str, float]
+
+    def quantile_ttft(self, q: float) -> float:
+        ttfts = sorted(s.ttft for s in self.level.samples)
+        return ttfts[min(len(ttfts) - 1, int(q * len(ttfts)))] if ttfts else float("nan")
+
+
+def stalled(rep: Repeat, best: float, ceiling_ttft: float | None) -> bool:
+    """A repeat that stalled: its median time to first token far past the batch loop's, or half the
+    level's best throughput."""
+    return (rep.level.median_ttft > 1.0 + 5 * (ceiling_ttft or 0.0)
+            or rep.level.tokens_per_second < 0.5 * best)
+
+
+def breakdown_row(streams: int, clock: dict[str, float], wall: float) -> list[str]:
+    steps = clock["steps"] or 1
+    busy = [f"{100 * clock[p] / wall:.0f}% ({1000 * clock[p] / steps:.2f})" for p in PARTS]
+    return [str(streams), f"{clock['turns']:,.0f}", f"{clock['steps']:,.0f}",
+            f"{1000 * wall / steps:.2f}", *busy]
+
+
+def _wave_part(url: str, model: str, streams: list[int], max_tokens: int, timeout: float,
+               start_at: float) -> tuple[list[Any], list[str]]:
+    """One client process's share of a wave: a thread per stream, all starting at `start_at`."""
+    scenario = Scenario(f"{len(streams)} clients", TASK, max_tokens)
+    server = Server("swama", [], int(url.rsplit(":", 1)[1]), "/health")
+    samples, errors, lock = [], [], threading.Lock()
+
+    def client(index: int, name: str) -> None:
+        body = request_body(model, dataclasses.replace(scenario, name=name), index)
+        with httpx.Client(timeout=timeout) as http:
+            time.sleep(max(0.0, start_at - time.time()))
+            try:
+                sample = stream_chat(http, server, body)
+            except Exception as exc:  # reported with the level
+                with lock:
+                    errors.append(str(exc)[:200])
+                return
+            with lock:
+                samples.append(sample)
+
+    threads = [threading.Thread(target=client, args=(i, name)) for i, name in streams]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return samples, errors
+
+
+def run_wave(server: Server, model: str, streams: int, max_tokens: int, base: int, timeout: float,
+             processes: int) -> Level:
+    """N streams starting together, spread over client processes (one process's threads parsing every
+    stream would cap a fast server: the client's own interpreter lock)."""
+    level = Level(streams)
+    name = f"{streams} clients"  # the prompts tools.bench.ceiling renders for the same level
+    shares = [[(base + c, name) for c in range(streams) if c % processes == p] for p in range(processes)]
+    shares = [share for share in shares if share]
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(len(shares), mp_context=context) as pool:
+        pool.submit(time.sleep, 0).result()  # the workers are up before the clock starts
+        start_at = time.time() + 1.0
+        futures = [pool.submit(_wave_part, server.base_url, model, share, max_tokens, timeout, start_at)
+                   for share in shares]
+        results = [f.result() for f in futures]
+    level.wall = max(s.wall for part, _ in results for s in part) if any(part for part, _ in results) else 0.0
+    for part, errors in results:
+        level.samples += part
+        level.errors += errors
+    return level
+
+
+def chat_lines(target: Target, server: Server, args: argparse.Namespace, facts: dict,
+               ceiling: dict[int, dict[str, Any]]) -> list[str]:
     levels = counts(args.chat)
     if not levels:
         return []
     run_level(target, server, max(levels), 1, 8, 10_000, args.timeout)  # every batch shape once
-    out = [f"### Chat: streaming clients, {args.max_tokens} tokens each", "",
-           "| streams | tokens/s | median TTFT ms | bandwidth limit tokens/s | GPU busy % | errors |",
-           "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+    out = [f"### Chat: waves of streaming clients, {args.max_tokens} tokens each, {args.repeats} repeats", "",
+           "| streams | tokens/s (spread) | batch loop tokens/s | efficiency | raw forward tokens/s | median TTFT ms "
+           "(batch loop) | p90 TTFT ms | bandwidth limit tokens/s | GPU busy % | stalls | errors |",
+           "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    parts = ["", "Where the scheduler thread spent each level (share of the level's wall time, and ms per decode "
+             "step in parentheses), summed over its repeats:", "",
+             "| streams | turns | decode steps | ms/step | " + " | ".join(PARTS) + " |",
+             "| ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in PARTS) + " |"]
     base = 20_000
     for streams in levels:
-        with GpuSampler() as gpu:
-            level = run_level(target, server, streams, 1, args.max_tokens, base, args.timeout)
-        base += streams
+        repeats = []
+        for _ in range(args.repeats):
+            before = scheduler_reading(server)
+            with GpuSampler() as gpu:
+                level = run_wave(server, target.model, streams, args.max_tokens, base, args.timeout,
+                                 min(args.client_processes, streams))
+            after = scheduler_reading(server)
+            base += streams
+            repeats.append(Repeat(level, gpu.mean, {k: after[k] - before.get(k, 0.0) for k in after}))
+        rates = [r.level.tokens_per_second for r in repeats]
+        wall = sum(r.level.wall for r in repeats)
+        clock = {k: sum(r.clock[k] for r in repeats) for k in repeats[0].clock}
+        peak = ceiling.get(streams, {})
+        loop, forward = peak.get("tokens_per_second"), peak.get("forward_tokens_per_second")
+        ceiling_ttft = peak.get("median_ttft")
+        median = statistics.median(rates)
+        ttft = statistics.median(r.level.median_ttft for r in repeats)
+        p90 = statistics.median(r.quantile_ttft(0.9) for r in repeats)
         limit = streams * args.bandwidth * 1e9 / (facts["bytes"] + streams * 600 * facts["kv_per_token"])
-        busy = f"{gpu.mean:.0f}" if gpu.mean is not None else "n/a"
-        out.append(f"| {streams} | {level.tokens_per_second:,.0f} | {level.median_ttft * 1000:,.0f} | {limit:,.0f} | "
-                   f"{busy} | {len(level.errors)} |")
-        print(out[-1] + (f"  first error: {level.errors[0]}" if level.errors else ""), flush=True)
+        busy = [r.gpu for r in repeats if r.gpu is not None]
+        stalls = sum(stalled(r, max(rates), ceiling_ttft) for r in repeats)
+        errors = sum(len(r.level.errors) for r in repeats)
+        out.append(f"| {streams} | {median:,.0f} ({min(rates):,.0f}-{max(rates):,.0f}) | "
+                   f"{f'{loop:,.0f}' if loop else 'n/a'} | {f'{median / loop:.0%}' if loop else 'n/a'} | "
+                   f"{f'{forward:,.0f}' if forward else 'n/a'} | {ttft * 1000:,.0f} "
+                   f"({f'{ceiling_ttft * 1000:,.0f}' if ceiling_ttft is not None else 'n/a'}) | {p90 * 1000:,.0f} | "
+                   f"{limit:,.0f} | {f'{statistics.mean(busy):.0f}' if busy else 'n/a'} | {stalls} of {len(repeats)} "
+                   f"| {errors} |")
+        parts.append("| " + " | ".join(breakdown_row(streams, clock, wall)) + " |")
+        first_error = next((r.level.errors[0] for r in repeats if r.level.errors), None)
+        print(out[-1] + (f"  first error: {first_error}" if first_error else ""), flush=True)
+        print(parts[-1], flush=True)
+    return out + parts + [""]
+
+
+# -- chat requests arriving at random -----------------------------------------------------------------
+
+@dataclass
+class Timed:
+    """One streamed request seen from the client: when it was sent, its content deltas' times."""
+
+    sent: float
+    deltas: list[float] = field(default_factory=list)
+    tokens: int = 0
+    error: str | None = None
+
+
+def stream_timed(http: httpx.Client, server: Server, body: dict[str, Any]) -> Timed:
+    timed = Timed(time.perf_counter())
+    try:
+        with http.stream("POST", server.base_url + "/v1/chat/completions", json=body) as response:
+            if response.status_code != 200:
+                raise RuntimeError(f"HTTP {response.status_code}: {response.read().decode(errors='replace')[:300]}")
+            for data in sse_data(response.iter_lines()):
+                chunk = json.loads(data)
+                if chunk.get("usage"):
+                    timed.tokens = chunk["usage"]["completion_tokens"]
+                if any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or []):
+                    timed.deltas.append(time.perf_counter())
+    except Exception as exc:  # reported with the run
+        timed.error = str(exc)[:200]
+    return timed
+
+
+def percentiles(values: list[float], qs: tuple[float, ...] = (0.5, 0.9, 0.99)) -> list[float]:
+    if not values:
+        return [float("nan")] * len(qs)
+    ordered = sorted(values)
+    return [ordered[min(len(ordered) - 1, int(q * len(ordered)))] for q in qs]
+
+
+def poisson_run(server: Server, model: str, rate: float, seconds: float, max_tokens: int, timeout: float,
+                seed: int) -> tuple[list[Timed], float]:
+    """Requests at exponential intervals of mean 1/rate for `seconds`; all of them, and the run's wall time."""
+    rng = random.Random(seed)
+    scenario = Scenario(f"arrivals {rate:g}/s", TASK, max_tokens)
+    local = threading.local()
+
+    def send(index: int) -> Timed:
+        if not hasattr(local, "http"):
+            local.http = httpx.Client(timeout=timeout)
+        return stream_timed(local.http, server, request_body(model, scenario, index))
+
+    futures = []
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(8, int(rate * 30))) as pool:
+        at, index = start, seed * 100_000
+        while at - start < seconds:
+            at += rng.expovariate(rate)
+            time.sleep(max(0.0, at - time.perf_counter()))
+            futures.append(pool.submit(send, index))
+            index += 1
+        done = [f.result() for f in futures]
+    return done, time.perf_counter() - start
+
+
+def poisson_lines(server: Server, model: str, args: argparse.Namespace) -> list[str]:
+    rates = [float(x) for x in args.poisson.split(",") if x.strip()]
+    if not rates:
+        return []
+    out = [f"### Chat: requests arriving at random (Poisson), {args.max_tokens} tokens each, {args.seconds:g} s", "",
+           "| requests/s | requests | tokens/s | TTFT p50 / p90 / p99 ms | inter-token p50 / p90 / p99 ms | errors |",
+           "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for n, rate in enumerate(rates):
+        runs, wall = poisson_run(server, model, rate, args.seconds, args.max_tokens, args.timeout, 7 + n)
+        good = [r for r in runs if r.error is None and r.deltas]
+        ttft = percentiles([r.deltas[0] - r.sent for r in good])
+        gaps = percentiles([b - a for r in good for a, b in zip(r.deltas, r.deltas[1:], strict=False)])
+        tokens = sum(r.tokens or len(r.deltas) for r in good)
+        errors = [r.error for r in runs if r.error is not None]
+        out.append(f"| {rate:g} | {len(runs)} | {tokens / wall:,.0f} | "
+                   + " / ".join(f"{t * 1000:,.0f}" for t in ttft) + " | "
+                   + " / ".join(f"{g * 1000:,.1f}" for g in gaps) + f" | {len(errors)} |")
+        print(out[-1] + (f"  first error: {errors[0]}" if errors else ""), flush=True)
     return out + [""]
 
 

@@ -1,0 +1,195 @@
+"""Admission: prompts waiting for a row of the batch, read together in as few forwards as the token
+budget allows.
+
+A request joins with its prompt and a cache (fresh, or resumed from the prompt cache). Every turn
+`step()` runs at most one forward over a group of waiting prompts, at most `budget` tokens in all
+(rows x padded length), so decode steps between them keep the streams already running moving. A
+prompt longer than its share is read in chunks over several turns; a group keeps its batched cache
+until every prompt in it is read. A prompt leaves with everything but its last token in its own
+cache (`Ready`): its first decode step feeds that token, as mlx-lm's batch does.
+
+On a GPU every prefill forward takes its shape from a small set: rows a power of two, the length a
+power of two (at least `MIN_LENGTH`), and every prompt of the group at the same cache offset, a
+multiple of `ALIGN` (a resumed prefix is cut back to one). MLX builds a cuDNN attention graph for
+each new shape of a prefill's attention (rows, query and key lengths, strides and mask), which
+takes a long while with the device idle; with shapes drawn from a small set, each is built once and
+reused. On the CPU nothing is built per shape and padding costs compute, so shapes are exact there.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+MIN_LENGTH = 16  # the shortest padded prefill length on a GPU
+ALIGN = 256  # on a GPU, prefill starts at a cache offset that is a multiple of this (mlx-lm's cache step)
+
+
+def bucket(n: int) -> int:
+    """The padded length of `n` tokens on a GPU: the next power of two, at least MIN_LENGTH."""
+    return max(MIN_LENGTH, 1 << (n - 1).bit_length())
+
+
+def aligned(reused: int, bucketed: bool) -> int:
+    """How much of a resumed prefix a prompt keeps: all of it on the CPU, a multiple of ALIGN on a GPU."""
+    return reused - reused % ALIGN if bucketed else reused
+
+
+@dataclass(eq=False)
+class Pending:
+    """A prompt being read: `ids` whole, its cache holding the first `done` tokens."""
+
+    rid: int
+    ids: list[int]
+    cache: list[Any]
+    done: int
+    extra: Any = None  # what the caller needs once the prompt is read (its row's sampling and budget)
+
+    @property
+    def left(self) -> int:
+        """Tokens still to read: all but the last."""
+        return len(self.ids) - 1 - self.done
+
+
+@dataclass(eq=False)
+class Ready:
+    rid: int
+    ids: list[int]
+    cache: list[Any]  # one cache per layer, holding ids[:-1]
+    extra: Any
+
+
+@dataclass(eq=False)
+class _Group:
+    rows: list[Pending]
+    cache: list[Any] | None = None  # the rows' caches merged, once the first chunk is read
+
+    def nbytes(self) -> int:
+        if self.cache is not None:
+            return sum(c.nbytes for c in self.cache)
+        return sum(c.nbytes for row in self.rows for c in row.cache)
+
+
+@dataclass
+class Admission:
+    model: Any  # mlx-lm's module: token ids and a cache in, logits out
+    budget: int  # tokens one prefill forward reads, over all its rows
+    bucketed: bool  # shapes from a small set (a GPU), or exact (the CPU)
+    max_rows: int = 64  # prompts one forward reads at most
+    waiting: deque[Pending] = field(default_factory=deque)
+    group: _Group | None = None
+
+    def add(self, row: Pending) -> None:
+        self.waiting.append(row)
+
+    def __len__(self) -> int:
+        return len(self.waiting) + (len(self.group.rows) if self.group is not None else 0)
+
+    def __contains__(self, rid: int) -> bool:
+        rows = [*self.waiting, *(self.group.rows if self.group is not None else [])]
+        return any(r.rid == rid for r in rows)
+
+    @property
+    def nbytes(self) -> int:
+        held = sum(c.nbytes for row in list(self.waiting) for c in row.cache)
+        return held + (self.group.nbytes() if self.group is not None else 0)
+
+    def drop(self, rid: int) -> bool:
+        """Forget a prompt (its client went away); True when it was here."""
+        for row in self.waiting:
+            if row.rid == rid:
+                self.waiting.remove(row)
+                return True
+        group = self.group
+        if group is not None:
+            for i, row in enumerate(group.rows):
+                if row.rid == rid:
+                    self._keep(group, [j for j in range(len(group.rows)) if j != i])
+                    return True
+        return False
+
+    def ready_now(self) -> list[Ready]:
+        """Prompts with nothing left to read (all but their last token resumed from the prompt cache)."""
+        done = [r for r in self.waiting if r.left == 0]
+        for r in done:
+            self.waiting.remove(r)
+        return [Ready(r.rid, r.ids, r.cache, r.extra) for r in done]
+
+    def step(self) -> list[Ready]:
+        """One prefill forward of at most `budget` tokens; the prompts it finished."""
+        ready = self.ready_now()
+        if self.group is None and self.waiting:
+            self.group = self._form()
+        if self.group is not None:
+            ready += self._read(self.group)
+            if not self.group.rows:
+                self.group = None
+        return ready
+
+    # -- one group ------------------------------------------------------------------------------------
+
+    def _form(self) -> _Group:
+        """The next group, first come first served: as many waiting prompts as the budget reads in one
+        forward (a prompt longer than the budget goes alone, in chunks). On a GPU only prompts at the
+        first one's cache offset, and a power of two of them."""
+        first = self.waiting[0]
+        rows: list[Pending] = []
+        longest = 0
+        for r in self.waiting:
+            if self.bucketed and r.done != first.done:
+                continue
+            need = max(longest, r.left)
+            if rows and (len(rows) == self.max_rows or (len(rows) + 1) * self._padded(need) > self.budget):
+                break
+            rows.append(r)
+            longest = need
+        if self.bucketed:
+            rows = rows[:1 << (len(rows).bit_length() - 1)]
+        for r in rows:
+            self.waiting.remove(r)
+        return _Group(rows)
+
+    def _padded(self, n: int) -> int:
+        return bucket(n) if self.bucketed else n
+
+    def _read(self, group: _Group) -> list[Ready]:
+        import mlx.core as mx
+
+        rows = group.rows
+        share = max(1, self.budget // len(rows))  # a row's chunk: all of a short prompt's tokens
+        if self.bucketed:
+            share = 1 << (share.bit_length() - 1)
+        chunks = [min(r.left, share) for r in rows]
+        length = max(chunks)
+        if self.bucketed and length < share:
+            length = min(bucket(length), share)
+        if group.cache is None:
+            group.cache = [layer.merge([r.cache[i] for r in rows]) for i, layer in enumerate(rows[0].cache)]
+        padding = [length - n for n in chunks]
+        tokens = [r.ids[r.done:r.done + n] + [0] * (length - n) for r, n in zip(rows, chunks, strict=True)]
+        if any(padding):
+            for c in group.cache:
+                c.prepare(lengths=chunks, right_padding=padding)
+        self.model(mx.array(tokens), cache=group.cache)
+        if any(padding):
+            for c in group.cache:
+                c.finalize()
+        mx.eval([c.state for c in group.cache])
+        for r, n in zip(rows, chunks, strict=True):
+            r.done += n
+        finished = [i for i, r in enumerate(rows) if r.left == 0]
+        ready = [Ready(rows[i].rid, rows[i].ids, [c.extract(i) for c in group.cache], rows[i].extra)
+                 for i in finished]
+        if finished:
+            self._keep(group, [i for i in range(len(rows)) if rows[i].left > 0])
+        return ready
+
+    @staticmethod
+    def _keep(group: _Group, keep: list[int]) -> None:
+        group.rows = [group.rows[i] for i in keep]
+        if group.cache is not None and keep:
+            for c in group.cache:
+                c.filter(keep)
+        elif not keep:
+            group.cache = None

@@ -1,0 +1,63 @@
+"""Where a batch scheduler's thread spends its time, by part of its turn (read by /metrics and the
+load benchmark, which diffs two readings to see one load level).
+
+- admission: requests joining (prompt cache, sampling, rows queued for prefill) and rows leaving;
+- prefill: batched forwards over waiting prompts, evaluated;
+- graph: building decode steps' forward graphs (MLX is lazy: calling the model builds, it does not run);
+- evaluation: the rest of a decode step: waiting on the device, sampling, mlx-lm's per-row bookkeeping;
+- post: swama's own per-row work on a step's tokens (log probabilities, draft counts, finished rows);
+- delivery: handing a step's tokens to the front end (the event loop, or the engine process's channel);
+- tasks and decisions: work queued on the model (a decision request's prefix, scored passes);
+- idle: waiting for work.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+PARTS = ("admission", "prefill", "graph", "evaluation", "post", "delivery", "tasks", "decisions", "idle")
+
+
+class TurnClock:
+    """Seconds per part of the scheduler's turns, and how many turns and decode steps there were."""
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(PARTS, 0.0)
+        self.turns = 0
+        self.steps = 0
+
+    @contextmanager
+    def part(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - started
+
+    def add(self, name: str, seconds: float) -> None:
+        self.seconds[name] += seconds
+
+    def reading(self) -> dict[str, float]:
+        return {**self.seconds, "turns": float(self.turns), "steps": float(self.steps)}
+
+
+class TimedForward:
+    """A model as the batch calls it, the time of each call counted as graph building (MLX evaluates
+    lazily, so the call itself only builds the graph); everything else is the model's own."""
+
+    def __init__(self, model: Any, clock: TurnClock) -> None:
+        self._model = model
+        self._clock = clock
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return self._model(*args, **kwargs)
+        finally:
+            self._clock.seconds["graph"] += time.perf_counter() - started
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)

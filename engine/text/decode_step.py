@@ -1,0 +1,63 @@
+"""The batch's decode step, leaner than mlx-lm's own.
+
+mlx-lm's generation batch normalizes every row's logits into log probabilities each step and keeps
+one array per row of them, for callers that read them. swama reads none of them (log probabilities
+are recorded by its own logits processor, text/logprobs.py), and a greedy row needs only the
+largest logit, so a step here normalizes only when a row samples and makes no per-row arrays: on a
+GPU at hundreds of rows those arrays alone are hundreds of operations a step for the host to build
+and evaluate. Everything else is mlx-lm's batch as it is (pipelining, stops, rows joining and
+leaving): `LeanBatch` replaces only the step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlx_lm.generate import BatchGenerator, GenerationBatch
+
+
+def _greedy(sampler: Any) -> bool:
+    return bool(getattr(sampler, "greedy", False)) or getattr(sampler, "__name__", "") == "greedy_sampler"
+
+
+class LeanBatch(GenerationBatch):
+    def _step(self) -> tuple[list[int], list[Any]]:
+        import mlx.core as mx
+
+        fed = self._next_tokens  # the tokens drawn last step: this step feeds them and returns them
+        self._current_tokens, self._current_logprobs = fed, self._next_logprobs
+        logits = self.model(fed[:, None], cache=self.prompt_cache)[:, -1, :]
+        contexts: list[Any] = []
+        if any(self.logits_processors):
+            rows = []
+            for i, processors in enumerate(self.logits_processors):
+                row = logits[i:i + 1]
+                if processors:
+                    context = self._token_context[i].update_and_fetch(fed[i:i + 1])
+                    contexts.append(context)
+                    for processor in processors:
+                        row = processor(context, row)
+                rows.append(row)
+            logits = mx.concatenate(rows, axis=0)
+        samplers = [s if s is not None else self.fallback_sampler for s in (self.samplers or [None] * len(self.uids))]
+        if not all(_greedy(s) for s in samplers):  # samplers filter and draw from log probabilities
+            logits = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        if all(s is samplers[0] for s in samplers):
+            drawn = samplers[0](logits)
+        else:
+            drawn = mx.concatenate([s(logits[i:i + 1]) for i, s in enumerate(samplers)], axis=0)
+        self._next_tokens = drawn
+        self._next_logprobs = [None] * len(self.uids)
+        mx.async_eval(drawn, contexts)  # the next step computes while this one's tokens are read back
+        tokens = fed.tolist()
+        for held, token in zip(self.tokens, tokens, strict=True):
+            held.append(token)
+        return tokens, self._current_logprobs
+
+
+class LeanGenerator(BatchGenerator):
+    """mlx-lm's continuous batching with a `LeanBatch` as its generation batch."""
+
+    def __init__(self, model: Any, **kwargs: Any) -> None:
+        super().__init__(model, **kwargs)
+        self._generation_batch = LeanBatch.empty(model, self.sampler)

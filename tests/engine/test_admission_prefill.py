@@ -1,0 +1,150 @@
+"""The batch's admission: waiting prompts prefilled together, in as few forwards as the token budget
+allows, with shapes from a small set on a GPU.
+
+The stall seen at 32 streams on an H200 (seconds to a first token with the GPU idle) came from prefill
+forwards of ever new shapes: MLX builds a cuDNN attention graph for each new (rows, query length,
+key length, strides, mask) of a prefill, with the device waiting, and mlx-lm's batch prefills
+whatever group of up to 8 prompts is waiting, padded to the group's longest. These tests hold the
+admission to its promise on any device: the shapes it would send a GPU come from a small set
+whatever the prompts' lengths and resumed prefixes, and reading prompts that way gives the same
+next-token logits as reading each alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import pytest
+import scheduled
+
+from swama.engine.serving.admission import ALIGN, MIN_LENGTH, Admission, Pending, bucket
+from swama.engine.serving.scheduler import Scheduler
+from swama.engine.text.generator import ChatRequest, Sampling
+from swama.engine.text.language import load_language_model
+from swama.engine.text.prompt_cache import PromptCache
+
+
+class Recorder:
+    """A model whose forwards are recorded by shape: (rows, tokens, key/value positions before them)."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.shapes: list[tuple[int, int, int]] = []
+
+    def __call__(self, tokens: mx.array, cache: Any = None) -> mx.array:
+        self.shapes.append((tokens.shape[0], tokens.shape[1], int(cache[0]._idx)))
+        return self.model(tokens, cache=cache)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir: Path) -> Any:
+    return load_language_model("tiny", tiny_model_dir)
+
+
+def _fresh(model: Any) -> list[Any]:
+    from mlx_lm.models.cache import make_prompt_cache
+
+    return make_prompt_cache(model)
+
+
+def _prompts(count: int, seed: int, longest: int = 300) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(5, 4000) for _ in range(rng.randrange(2, longest))] for _ in range(count)]
+
+
+def _admit(model: Any, prompts: list[list[int]], budget: int, bucketed: bool,
+           resumed: dict[int, int] | None = None, forward: Any = None) -> tuple[list[Any], int]:
+    """Every prompt read through an Admission (whose forwards `forward` makes, the model's own by
+    default); the ready rows by index, and the forwards it took."""
+    admission = Admission(forward or model.model, budget, bucketed, max_rows=64)
+    for i, ids in enumerate(prompts):
+        cache, done = _fresh(model.model), 0
+        if resumed and resumed.get(i):  # a resumed prefix: read alone first, as a prompt cache would hold it
+            done = resumed[i]
+            model.model(mx.array([ids[:done]]), cache=cache)
+            mx.eval([c.state for c in cache])
+        admission.add(Pending(i, ids, cache, done))
+    ready, forwards = {}, 0
+    while len(admission):
+        forwards += 1
+        for row in admission.step():
+            ready[row.rid] = row
+    return [ready[i] for i in range(len(prompts))], forwards
+
+
+def _next_logits(model: Any, ids: list[int], cache: list[Any]) -> mx.array:
+    logits = model.model(mx.array([ids[-1:]]), cache=cache)[0, -1]
+    mx.eval(logits)
+    return logits
+
+
+def test_64_waiting_prompts_are_read_in_one_forward(tiny: Any) -> None:
+    prompts = [[11, 12, 13] + [100 + i] * (30 + i % 9) for i in range(64)]
+    for bucketed in (False, True):
+        _, forwards = _admit(tiny, prompts, budget=4096, bucketed=bucketed)
+        assert forwards == 1, bucketed
+
+
+def test_a_prompt_longer_than_the_budget_is_read_in_chunks(tiny: Any) -> None:
+    recorder = Recorder(tiny.model)
+    ready, forwards = _admit(tiny, [list(range(5, 1005))], budget=256, bucketed=True, forward=recorder)
+    assert forwards == 4 and [s[1] for s in recorder.shapes] == [256, 256, 256, 256]
+    assert [s[2] for s in recorder.shapes] == [0, 256, 512, 768]  # chunks start at aligned offsets
+    assert ready[0].cache[0].offset == 999
+
+
+def test_gpu_prefill_shapes_come_from_a_small_set_whatever_the_prompts(tiny: Any) -> None:
+    """The cause of the stall, held: many waves of prompts of random lengths and resumed prefixes give
+    prefill shapes of power-of-two rows and lengths at offsets that are multiples of ALIGN, and few of
+    them; read exactly (as on the CPU) the same waves give a new shape at almost every forward."""
+    shapes: dict[bool, set[tuple[int, int, int]]] = {}
+    for bucketed in (True, False):
+        recorder = Recorder(tiny.model)
+        for wave in range(6):
+            prompts = _prompts(24, seed=wave, longest=600)
+            resumed = {i: (ALIGN if bucketed else 300) for i in range(24) if len(prompts[i]) > 301 and i % 3 == 0}
+            _admit(tiny, prompts, budget=2048, bucketed=bucketed, resumed=resumed, forward=recorder)
+        shapes[bucketed] = set(recorder.shapes)
+    for rows, length, offset in shapes[True]:
+        assert rows & (rows - 1) == 0 and length == bucket(length) and length >= MIN_LENGTH
+        assert offset % ALIGN == 0
+    assert len(shapes[True]) <= 20, sorted(shapes[True])
+    assert len(shapes[False]) > 2 * len(shapes[True]), (len(shapes[False]), len(shapes[True]))
+
+
+@pytest.mark.parametrize("bucketed", [False, True])
+def test_prompts_read_together_give_the_logits_each_gives_alone(tiny: Any, bucketed: bool) -> None:
+    prompts = _prompts(12, seed=7, longest=90)
+    resumed = {} if bucketed else {3: 30, 5: 20}  # on a GPU a resumed prefix is a multiple of ALIGN
+    ready, _ = _admit(tiny, prompts, budget=512, bucketed=bucketed, resumed=resumed)
+    for ids, row in zip(prompts, ready, strict=True):
+        alone = _fresh(tiny.model)
+        tiny.model(mx.array([ids[:-1]]), cache=alone)
+        expected, got = _next_logits(tiny, ids, alone), _next_logits(tiny, ids, row.cache)
+        assert mx.abs(expected - got).max().item() < 1e-4
+
+
+def test_bucketed_admission_in_the_scheduler_gives_the_tokens_of_one_request_alone(tiny: Any) -> None:
+    """Greedy rows admitted with GPU shapes (padded, grouped by powers of two) decode the tokens each
+    request decodes alone."""
+    requests = [ChatRequest([{"role": "user", "content": f"Item {i}: " + "tell me more " * (i % 5)}],
+                            sampling=Sampling(temperature=0), max_tokens=12, context_limit=2048) for i in range(11)]
+
+    async def run() -> list[Any]:
+        scheduler = Scheduler(tiny, prompt_cache=PromptCache(1 << 28), rows=16, prefill_step=256)
+        scheduler.bucketed = True
+        try:
+            return await asyncio.gather(*(scheduled.collect(scheduler, r) for r in requests))
+        finally:
+            scheduler.close()
+
+    together = asyncio.run(run())
+    for request, (_, finished) in zip(requests, together, strict=True):
+        assert finished.token_ids == scheduled.alone(tiny, request).token_ids
