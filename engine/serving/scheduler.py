@@ -437,12 +437,12 @@ class Scheduler:
         idle_wait = HEARTBEAT if self.group is not None else None
         while True:
             with self._wake:
-                waited = time.perf_counter()
+                self.clock.wait()
                 while not (self._closed or self._failed or self._new or self._tasks or self._active
                            or self._decisions or self._in_flight is not None):
                     if not self._wake.wait(idle_wait):
                         break
-                self.clock.add("idle", time.perf_counter() - waited)
+                self.clock.woke()
                 if self._closed or self._failed:
                     break
                 new = list(self._new)

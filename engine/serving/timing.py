@@ -28,6 +28,7 @@ class TurnClock:
         self.seconds = dict.fromkeys(PARTS, 0.0)
         self.turns = 0
         self.steps = 0
+        self.idle_since: float | None = None  # the scheduler waits for work since then
 
     @contextmanager
     def part(self, name: str) -> Iterator[None]:
@@ -40,8 +41,19 @@ class TurnClock:
     def add(self, name: str, seconds: float) -> None:
         self.seconds[name] += seconds
 
+    def wait(self) -> None:
+        self.idle_since = time.perf_counter()
+
+    def woke(self) -> None:
+        if self.idle_since is not None:
+            self.seconds["idle"] += time.perf_counter() - self.idle_since
+            self.idle_since = None
+
     def reading(self) -> dict[str, float]:
-        return {**self.seconds, "turns": float(self.turns), "steps": float(self.steps)}
+        """The parts so far, a wait still going on included (read from another thread)."""
+        since = self.idle_since
+        idle = self.seconds["idle"] + (time.perf_counter() - since if since is not None else 0.0)
+        return {**self.seconds, "idle": idle, "turns": float(self.turns), "steps": float(self.steps)}
 
 
 class TimedForward:
