@@ -341,12 +341,28 @@ def run_ceiling(folder: Path, args: argparse.Namespace) -> dict[int, dict[str, A
         return {w["rows"]: w for w in json.loads(out.read_text())}
 
 
+def cpu_seconds(pid: int | None) -> float:
+    """User plus system CPU seconds a process has used (Linux; 0 when unknown)."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def scheduler_reading(server: Server) -> dict[str, float]:
-    """The scheduler clocks of every model the server has loaded, summed (engine/serving/timing.py)."""
+    """The scheduler clocks of every model the server has loaded, summed (engine/serving/timing.py),
+    and the CPU seconds of the server process and of its engine process."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    engine = (httpx.get(server.base_url + "/health", timeout=30).json().get("engine_process") or {}).get("pid")
     text = httpx.get(server.base_url + "/metrics", timeout=30).text
     reading: dict[str, float] = dict.fromkeys((*PARTS, "turns", "steps"), 0.0)
+    reading["server_cpu"] = cpu_seconds(server.proc.pid if server.proc is not None else None)
+    reading["engine_cpu"] = cpu_seconds(engine)
+    reading["at"] = time.perf_counter()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "swama_scheduler_seconds_total":
@@ -379,8 +395,9 @@ def stalled(rep: Repeat, best: float, ceiling_ttft: float | None) -> bool:
 def breakdown_row(streams: int, clock: dict[str, float], wall: float) -> list[str]:
     steps = clock["steps"] or 1
     busy = [f"{100 * clock[p] / wall:.0f}% ({1000 * clock[p] / steps:.2f})" for p in PARTS]
+    cores = f"{clock['server_cpu'] / wall:.2f} / {clock['engine_cpu'] / wall:.2f}"
     return [str(streams), f"{clock['turns']:,.0f}", f"{clock['steps']:,.0f}",
-            f"{1000 * wall / steps:.2f}", *busy]
+            f"{1000 * (wall - clock['idle']) / steps:.2f}", *busy, cores]
 
 
 def _wave_part(url: str, model: str, streams: list[int], max_tokens: int, timeout: float,
@@ -443,10 +460,12 @@ def chat_lines(target: Target, server: Server, args: argparse.Namespace, facts: 
            "| streams | tokens/s (spread) | batch loop tokens/s | efficiency | raw forward tokens/s | median TTFT ms "
            "(batch loop) | p90 TTFT ms | bandwidth limit tokens/s | GPU busy % | stalls | errors |",
            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    parts = ["", "Where the scheduler thread spent each level (share of the level's wall time, and ms per decode "
-             "step in parentheses), summed over its repeats:", "",
-             "| streams | turns | decode steps | ms/step | " + " | ".join(PARTS) + " |",
-             "| ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in PARTS) + " |"]
+    parts = ["", "Where the scheduler thread spent each level (share of the time between the readings around it, "
+             "and ms per decode "
+             "step in parentheses), summed over its repeats, and the cores the server process (HTTP, templates, "
+             "text, SSE) and its engine process kept busy:", "",
+             "| streams | turns | decode steps | busy ms/step | " + " | ".join(PARTS) + " | cores: server / engine |",
+             "| ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in PARTS) + " | ---: |"]
     base = 20_000
     for streams in levels:
         repeats = []
@@ -459,8 +478,8 @@ def chat_lines(target: Target, server: Server, args: argparse.Namespace, facts: 
             base += streams
             repeats.append(Repeat(level, gpu.mean, {k: after[k] - before.get(k, 0.0) for k in after}))
         rates = [r.level.tokens_per_second for r in repeats]
-        wall = sum(r.level.wall for r in repeats)
         clock = {k: sum(r.clock[k] for r in repeats) for k in repeats[0].clock}
+        wall = clock["at"]  # the time between the readings around each repeat, summed
         peak = ceiling.get(streams, {})
         loop, forward = peak.get("tokens_per_second"), peak.get("forward_tokens_per_second")
         ceiling_ttft = peak.get("median_ttft")
