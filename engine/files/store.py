@@ -70,9 +70,29 @@ def list_installed(root: Path) -> list[InstalledModel]:
     return sorted(found.values(), key=lambda m: m.id.lower())
 
 
+def _signature(root: Path) -> tuple[tuple[str, int], ...]:
+    """What changes when a model is installed or removed under `root`: the modification times of the
+    root and of its folders two levels down (a model folder appears, goes, or gets its metadata)."""
+    seen = []
+    try:
+        with os.scandir(root) as top:
+            seen.append((str(root), root.stat().st_mtime_ns))
+            for entry in top:
+                if entry.is_dir(follow_symlinks=False):
+                    seen.append((entry.path, entry.stat().st_mtime_ns))
+                    with os.scandir(entry.path) as inner:
+                        seen += [(e.path, e.stat().st_mtime_ns) for e in inner if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return ()
+    return tuple(seen)
+
+
 class ModelStore:
     def __init__(self, root: Path) -> None:
         self.root = root
+        # The last listing and the signature it was read at: a server asks for a model several times
+        # a request, and the store changes only when a model is installed or removed.
+        self._listed: tuple[tuple[tuple[str, int], ...], list[InstalledModel], dict[str, InstalledModel]] | None = None
 
     def folder_for(self, repo_id: str) -> Path:
         parts = [p for p in repo_id.split("/") if p]
@@ -80,12 +100,20 @@ class ModelStore:
             raise StoreError(f"'{repo_id}' is not a valid model id (expected 'org/model' or 'model').")
         return self.root.joinpath(*parts)
 
+    def _listing(self) -> tuple[list[InstalledModel], dict[str, InstalledModel]]:
+        signature = _signature(self.root)
+        listed = self._listed
+        if listed is None or listed[0] != signature or not signature:
+            models = list_installed(self.root)
+            listed = self._listed = (signature, models, {m.id.lower(): m for m in reversed(models)})
+        return listed[1], listed[2]
+
     def list(self) -> list[InstalledModel]:
-        return list_installed(self.root)
+        return list(self._listing()[0])
 
     def find(self, name: str) -> InstalledModel | None:
         """An installed model by alias or id, case-insensitively."""
-        installed = {model.id.lower(): model for model in reversed(self.list())}
+        installed = self._listing()[1]
         for wanted in aliases.installed_ids(name):
             if wanted in installed:
                 return installed[wanted]

@@ -38,7 +38,7 @@ from swama.engine.serving.engine import EngineStatus, check_generation
 from swama.engine.serving.installed import InstalledModels
 from swama.engine.serving.threads import in_thread
 from swama.engine.settings import EngineSettings
-from swama.engine.text.generator import ChatRequest, Decoder, Event, Finished, prepare
+from swama.engine.text.generator import ChatRequest, Decoder, Event, Finished, prepare, quick_to_prepare
 
 log = logging.getLogger("swama.engine.process")
 SETTINGS_VARIABLE = "SWAMA_ENGINE_SETTINGS"
@@ -318,7 +318,7 @@ class EngineProcess(InstalledModels):
                     yield event
                 return
             face = await self._face(installed)
-            prompt = await in_thread(lambda: prepare(face, request))
+            prompt = prepare(face, request) if quick_to_prepare(request) else await in_thread(lambda: prepare(face, request))
             decoder = Decoder(face, request, len(prompt.ids), None, prompt.opens_thinking)
             decoder.started = submitted  # time to first token counts the preparation and the wait for a row
             # The engine needs the request's options, not its messages (the prompt is rendered here).

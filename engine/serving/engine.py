@@ -176,7 +176,11 @@ class Engine(InstalledModels):
             scheduler = self._scheduler(model)
             if not scheduler.batching:
                 return False
-            job = await in_thread(lambda: scheduler.submit_tokens(ids, request, opens_thinking, sink, cid))
+            def submit() -> Any:
+                return scheduler.submit_tokens(ids, request, opens_thinking, sink, cid)
+
+            # A grammar may take a while to compile: off the event loop. Anything else is quick.
+            job = submit() if request.constraint is None else await in_thread(submit)
             try:
                 await ended.wait()
             finally:

@@ -69,6 +69,7 @@ from swama.engine.text.generator import (
     make_sampling,
     ordered,
     prepare,
+    quick_to_prepare,
     row_processors,
     token_budget,
 )
@@ -274,14 +275,17 @@ class Scheduler:
         if not self.batching:
             job_done = self.call(lambda: self._alone(job))
         else:
-            def ready() -> None:  # rendering, tokenizing and compiling a grammar: off the event loop
+            def ready() -> None:  # rendering, tokenizing and compiling a grammar
                 prompt = prepare(self.model, request)
                 job.ids = prompt.ids
                 job.processors, job.recorder = row_processors(self.model, request, prompt)
                 job.table = token_bytes(self.model) if job.recorder is not None else None
                 job.decoder = Decoder(self.model, request, len(job.ids), job.recorder, prompt.opens_thinking)
 
-            await in_thread(ready)
+            if quick_to_prepare(request):
+                ready()
+            else:
+                await in_thread(ready)
             job.decoder.started = job.submitted  # time to first token counts the preparation and the wait for a row
             self._submit(lambda: self._new.append(job))
         try:
@@ -706,10 +710,10 @@ class Scheduler:
             if self.speculation.on:
                 from swama.engine.speculative.batch import SpeculativeGenerator
 
-                self._gen = SpeculativeGenerator(model, speculation=self.speculation,
+                self._gen = SpeculativeGenerator(model, speculation=self.speculation, clock=self.clock,
                                                  draft_model=self.draft.model if self.draft else None, **options)
             else:
-                self._gen = LeanGenerator(model, **options)
+                self._gen = LeanGenerator(model, clock=self.clock, **options)
             self._eos = StopSequences([[t] for t in sorted(self.model.eos_ids)])
             self._admission = Admission(self.model.model, self.prefill_step, self.bucketed, max_rows=self.rows)
         return self._gen
@@ -796,11 +800,12 @@ class Scheduler:
                 turn.removals.append(rid)
 
     def _step(self) -> None:
-        graph = self.clock.seconds["graph"]
+        before = {p: self.clock.seconds[p] for p in ("graph", "launch", "wait")}
         started = time.perf_counter()
         _, responses = self._gen.next()
         done = time.perf_counter()
-        self.clock.add("evaluation", done - started - (self.clock.seconds["graph"] - graph))
+        timed = sum(self.clock.seconds[p] - before[p] for p in before)
+        self.clock.add("batch", done - started - timed)
         self.clock.steps += 1
         by_sink: dict[int, tuple[Sink, list[Any]]] = {}
         if self.group is not None:

@@ -4,7 +4,10 @@ load benchmark, which diffs two readings to see one load level).
 - admission: requests joining (prompt cache, sampling, rows queued for prefill) and rows leaving;
 - prefill: batched forwards over waiting prompts, evaluated;
 - graph: building decode steps' forward graphs (MLX is lazy: calling the model builds, it does not run);
-- evaluation: the rest of a decode step: waiting on the device, sampling, mlx-lm's per-row bookkeeping;
+- launch: handing a step's graph to the device (MLX encodes and launches its kernels on this thread);
+- wait: reading a step's tokens back, waiting for the device where it has not finished them;
+- batch: the rest of a decode step: mlx-lm's per-row bookkeeping (stops, budgets), rows joining the
+  batch (their first forward, the caches merged) and leaving it (the caches filtered);
 - post: swama's own per-row work on a step's tokens (log probabilities, draft counts, finished rows);
 - delivery: handing a step's tokens to the front end (the event loop, or the engine process's channel);
 - tasks and decisions: work queued on the model (a decision request's prefix, scored passes);
@@ -18,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-PARTS = ("admission", "prefill", "graph", "evaluation", "post", "delivery", "tasks", "decisions", "idle")
+PARTS = ("admission", "prefill", "graph", "launch", "wait", "batch", "post", "delivery", "tasks", "decisions", "idle")
 
 
 class TurnClock:

@@ -290,8 +290,10 @@ _EMPTY = mx.array(0.0)
 class SpeculativeGenerator(BatchGenerator):
     """mlx-lm's continuous batching with a `SpeculativeBatch` as its generation batch."""
 
-    def __init__(self, model: Any, *, speculation: Speculation, draft_model: Any = None, **kwargs: Any) -> None:
+    def __init__(self, model: Any, *, speculation: Speculation, draft_model: Any = None, clock: Any = None,
+                 **kwargs: Any) -> None:
         super().__init__(model, **kwargs)
         self.counters = Counters()
         drafter = DraftModel(draft_model) if draft_model is not None and speculation.mode in ("draft", "auto") else None
         self._generation_batch = SpeculativeBatch.start(model, self.sampler, speculation, self.counters, drafter)
+        self._generation_batch.clock = clock

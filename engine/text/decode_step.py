@@ -11,6 +11,7 @@ leaving): `LeanBatch` replaces only the step.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from mlx_lm.generate import BatchGenerator, GenerationBatch
@@ -21,6 +22,8 @@ def _greedy(sampler: Any) -> bool:
 
 
 class LeanBatch(GenerationBatch):
+    clock: Any = None  # the scheduler's TurnClock, when it times the steps' launch and read-back
+
     def _step(self) -> tuple[list[int], list[Any]]:
         import mlx.core as mx
 
@@ -48,8 +51,13 @@ class LeanBatch(GenerationBatch):
             drawn = mx.concatenate([s(logits[i:i + 1]) for i, s in enumerate(samplers)], axis=0)
         self._next_tokens = drawn
         self._next_logprobs = [None] * len(self.uids)
+        launched = time.perf_counter()
         mx.async_eval(drawn, contexts)  # the next step computes while this one's tokens are read back
+        read = time.perf_counter()
         tokens = fed.tolist()
+        if self.clock is not None:
+            self.clock.add("launch", read - launched)
+            self.clock.add("wait", time.perf_counter() - read)
         for held, token in zip(self.tokens, tokens, strict=True):
             held.append(token)
         return tokens, self._current_logprobs
@@ -58,6 +66,7 @@ class LeanBatch(GenerationBatch):
 class LeanGenerator(BatchGenerator):
     """mlx-lm's continuous batching with a `LeanBatch` as its generation batch."""
 
-    def __init__(self, model: Any, **kwargs: Any) -> None:
+    def __init__(self, model: Any, *, clock: Any = None, **kwargs: Any) -> None:
         super().__init__(model, **kwargs)
         self._generation_batch = LeanBatch.empty(model, self.sampler)
+        self._generation_batch.clock = clock

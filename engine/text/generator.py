@@ -440,6 +440,23 @@ def ordered(sampling: list[Any], extra: list[Any]) -> list[Any]:
     return first + list(sampling) + [p for p in extra if not isinstance(p, Recorder)]
 
 
+QUICK_PROMPT_CHARS = 20_000  # a prompt this short renders and tokenizes in well under a millisecond
+
+
+def quick_to_prepare(request: ChatRequest) -> bool:
+    """Whether preparing the request (rendering and tokenizing its prompt, making its logits
+    processors) is quick enough to run on the event loop: no grammar to compile, no images, a short
+    prompt. Handing it to a thread would cost more: under one interpreter lock, a burst of requests
+    each in its own thread take turns at the lock's switch interval, and the loop and the thread that
+    drives the device wait with them."""
+    if request.constraint is not None or request.images:
+        return False
+    if request.prompt is not None:
+        return len(request.prompt) <= QUICK_PROMPT_CHARS
+    chars = sum(len(str(m.get("content") or "")) for m in request.messages)
+    return chars + (len(str(request.tools)) if request.tools else 0) <= QUICK_PROMPT_CHARS
+
+
 def token_budget(request: ChatRequest, prompt_tokens: int) -> int:
     """Tokens the request may generate: its max_tokens, held to what the context window leaves."""
     left = request.effective_context_limit - prompt_tokens

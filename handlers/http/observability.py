@@ -165,8 +165,8 @@ class _SchedulerCollector:
         from prometheus_client.core import CounterMetricFamily
 
         seconds = CounterMetricFamily("swama_scheduler_seconds", "Seconds a model's batch scheduler spent in each "
-                                      "part of its turns (admission, prefill, graph building, evaluation, host "
-                                      "post-processing, delivery, tasks, decisions, idle)", labels=["model", "part"])
+                                      "part of its turns (admission, prefill, graph building, launch, read-back "
+                                      "wait, batch bookkeeping, post-processing, delivery, tasks, decisions, idle)", labels=["model", "part"])
         turns = CounterMetricFamily("swama_scheduler_turns", "Turns of a model's batch scheduler", labels=["model"])
         steps = CounterMetricFamily("swama_scheduler_decode_steps", "Decode steps of a model's batch",
                                     labels=["model"])
