@@ -108,10 +108,16 @@ class DecisionLevel:
 
 
 class GpuSampler:
-    """nvidia-smi's utilisation, every 100 ms, while the `with` block runs (None without nvidia-smi)."""
+    """nvidia-smi's utilisation, every 100 ms, while the `with` block runs (None without nvidia-smi,
+    or when `on` is False: its queries take the driver's lock, which the server's launches then wait for)."""
+
+    on = True
 
     def __enter__(self) -> GpuSampler:
         self.samples: list[float] = []
+        self.proc = None
+        if not self.on:
+            return self
         try:
             self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
                                           "-lms", "100"], stdout=subprocess.PIPE, text=True)
@@ -236,6 +242,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--batch-rows", type=int, default=256)
     parser.add_argument("--no-ceiling", action="store_true", help="skip mlx-lm's batch loop alone")
+    parser.add_argument("--no-gpu-busy", action="store_true",
+                        help="do not sample the GPU's utilisation with nvidia-smi during the levels")
     parser.add_argument("--ceiling-rounds", type=int, default=3)
     parser.add_argument("--server-flags", default="", help="more `swama serve` flags, one string")
     parser.add_argument("--client-processes", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)),
@@ -265,6 +273,7 @@ def model_folder(args: argparse.Namespace) -> tuple[Path, str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    GpuSampler.on = not args.no_gpu_busy
     folder, repo_id = model_folder(args)
     facts = model_facts(folder)
     tflops = matmul_tflops()
