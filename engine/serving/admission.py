@@ -6,7 +6,9 @@ A request joins with its prompt and a cache (fresh, or resumed from the prompt c
 (rows x padded length), so decode steps between them keep the streams already running moving. A
 prompt longer than its share is read in chunks over several turns; a group keeps its batched cache
 until every prompt in it is read. A prompt leaves with everything but its last token in its own
-cache (`Ready`): its first decode step feeds that token, as mlx-lm's batch does.
+cache: its first decode step feeds that token, as mlx-lm's batch does. Prompts read together leave
+together, their cache still the group's batched one (`Ready.cache`, one batch cache per layer, a row
+per prompt), so joining the generation batch copies no row by itself.
 
 On a GPU every prefill forward takes its shape from a small set: rows a power of two, the length a
 power of two (at least `MIN_LENGTH`), and every prompt of the group at the same cache offset, a
@@ -18,6 +20,7 @@ reused. On the CPU nothing is built per shape and padding costs compute, so shap
 
 from __future__ import annotations
 
+import copy
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,10 +57,13 @@ class Pending:
 
 @dataclass(eq=False)
 class Ready:
-    rid: int
-    ids: list[int]
-    cache: list[Any]  # one cache per layer, holding ids[:-1]
-    extra: Any
+    """Prompts read: row i holds rows[i].ids[:-1] in `cache`, which is one cache per layer: a batch
+    cache with a row per prompt (`batched`), or, for one prompt resumed whole from the prompt cache,
+    that prompt's own."""
+
+    rows: list[Pending]
+    cache: list[Any]
+    batched: bool = True
 
 
 @dataclass(eq=False)
@@ -114,7 +120,7 @@ class Admission:
         done = [r for r in self.waiting if r.left == 0]
         for r in done:
             self.waiting.remove(r)
-        return [Ready(r.rid, r.ids, r.cache, r.extra) for r in done]
+        return [Ready([r], r.cache, batched=False) for r in done]
 
     def step(self) -> list[Ready]:
         """One prefill forward of at most `budget` tokens; the prompts it finished."""
@@ -179,11 +185,21 @@ class Admission:
         for r, n in zip(rows, chunks, strict=True):
             r.done += n
         finished = [i for i, r in enumerate(rows) if r.left == 0]
-        ready = [Ready(rows[i].rid, rows[i].ids, [c.extract(i) for c in group.cache], rows[i].extra)
-                 for i in finished]
-        if finished:
-            self._keep(group, [i for i in range(len(rows)) if rows[i].left > 0])
-        return ready
+        if not finished:
+            return []
+        if len(finished) == len(rows):  # the usual case: the whole group leaves with its cache
+            ready = Ready(rows, group.cache)
+            group.rows, group.cache = [], None
+            return [ready]
+        # Some prompts still have chunks to read: the finished rows leave with a copy of the caches
+        # filtered to them (the arrays are shared until either side writes), the others stay.
+        left = [i for i in range(len(rows)) if rows[i].left > 0]
+        split = [copy.copy(c) for c in group.cache]
+        for c in split:
+            c.filter(finished)
+        ready = Ready([rows[i] for i in finished], split)
+        self._keep(group, left)
+        return [ready]
 
     @staticmethod
     def _keep(group: _Group, keep: list[int]) -> None:

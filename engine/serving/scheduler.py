@@ -760,12 +760,20 @@ class Scheduler:
         """One prefill forward over waiting prompts; the prompts it finished join the generation batch."""
         with self.clock.part("prefill"):
             ready = self._admission.step() if self._admission is not None else []
-        for row in ready:
-            budget, sampler, processors = row.extra
-            [uid] = self._gen.insert([row.ids[-1:]], max_tokens=[budget], caches=[row.cache],
-                                     all_tokens=[row.ids[:-1]], samplers=[sampler],
-                                     logits_processors=[processors], stop_sequences=[self._eos])
-            self._uid_of[row.rid], self._rid_of[uid] = uid, row.rid
+        for group in ready:
+            rows = group.rows
+            budgets, samplers, processors = zip(*(row.extra for row in rows), strict=True)
+            if group.batched:
+                uids = self._gen.join_prefilled(group.cache, [r.ids[-1] for r in rows], [r.ids[:-1] for r in rows],
+                                                list(samplers), list(processors), [self._eos] * len(rows),
+                                                list(budgets))
+            else:  # one prompt resumed whole from the prompt cache: its own cache, merged by mlx-lm
+                [row] = rows
+                uids = self._gen.insert([row.ids[-1:]], max_tokens=list(budgets), caches=[group.cache],
+                                        all_tokens=[row.ids[:-1]], samplers=list(samplers),
+                                        logits_processors=list(processors), stop_sequences=[self._eos])
+            for row, uid in zip(rows, uids, strict=True):
+                self._uid_of[row.rid], self._rid_of[uid] = uid, row.rid
 
     def _keep(self, kept: tuple[list[Any], list[int]] | None) -> None:
         """Give a finished row's key/value state to the prompt cache."""
@@ -810,19 +818,26 @@ class Scheduler:
         by_sink: dict[int, tuple[Sink, list[Any]]] = {}
         if self.group is not None:
             self._checksum = sum(r.uid * 1000003 + int(r.token) for r in responses) & 0x7FFFFFFF
+        kept = []
         for r in responses:
             rid = self._rid_of.get(r.uid)
             job = self._active.get(rid) if rid is not None else None
             if r.finish_reason is not None and rid is not None:  # end of sequence or max tokens: it left the batch
                 del self._rid_of[r.uid], self._uid_of[rid]
                 self._active.pop(rid, None)
-                self._keep((r.prompt_cache, r.all_tokens))
+                kept.append((r.prompt_cache, r.all_tokens))
             if job is None:  # another rank's row (following), or one cancelled meanwhile
                 continue
             token = int(r.token)
             drafted = self._drafted(r.uid, keep=r.finish_reason is None)
             by_sink.setdefault(id(job.sink), (job.sink, []))[1].append(
                 (job, token, r.finish_reason, job.read(token), drafted))
+        if kept and self.prompt_cache is not None:
+            import mlx.core as mx
+
+            mx.eval([c.state for cache, _ in kept if cache for c in cache])  # one wait for all of them
+            for entry in kept:
+                self._keep(entry)
         posted = time.perf_counter()
         self.clock.add("post", posted - done)
         for sink, tokens in by_sink.values():  # one wake-up of each event loop (or one message) per step

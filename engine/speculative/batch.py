@@ -1,6 +1,7 @@
 """Speculative decoding inside continuous batching.
 
-`SpeculativeGenerator` is mlx-lm's `BatchGenerator` whose generation batch is a `SpeculativeBatch`.
+`SpeculativeGenerator` is the lean batch generator (text/decode_step.py) whose generation batch is a
+`SpeculativeBatch`.
 Each step of that batch either is a plain step (text/decode_step.py: one token a row, the next pass launched
 before the last is read back) or, when some rows have drafts worth verifying (engine/speculative/
 policy.py), one pass of 1 + m positions for every row:
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.generate import BatchGenerator, GenerationBatch
+from mlx_lm.generate import GenerationBatch
 from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache
 
 from swama.engine.speculative.draft_model import DraftModel
@@ -35,7 +36,7 @@ from swama.engine.speculative.ngram import PromptLookup
 from swama.engine.speculative.policy import Costs, Row, Speculation, choose_width
 from swama.engine.speculative.row_cache import RowKVCache
 from swama.engine.speculative.verify import lazy_arrays, verify_sampled
-from swama.engine.text.decode_step import LeanBatch
+from swama.engine.text.decode_step import LeanBatch, LeanGenerator
 from swama.engine.text.sampler import Sampler
 
 NO_LOGPROBS = None  # speculative tokens carry no log-probability vector (rows asking for them never draft)
@@ -287,12 +288,12 @@ class SpeculativeBatch(LeanBatch):
 _EMPTY = mx.array(0.0)
 
 
-class SpeculativeGenerator(BatchGenerator):
+class SpeculativeGenerator(LeanGenerator):
     """mlx-lm's continuous batching with a `SpeculativeBatch` as its generation batch."""
 
     def __init__(self, model: Any, *, speculation: Speculation, draft_model: Any = None, clock: Any = None,
                  **kwargs: Any) -> None:
-        super().__init__(model, **kwargs)
+        super().__init__(model, clock=clock, **kwargs)
         self.counters = Counters()
         drafter = DraftModel(draft_model) if draft_model is not None and speculation.mode in ("draft", "auto") else None
         self._generation_batch = SpeculativeBatch.start(model, self.sampler, speculation, self.counters, drafter)

@@ -23,10 +23,43 @@ def _greedy(sampler: Any) -> bool:
 
 class LeanBatch(GenerationBatch):
     clock: Any = None  # the scheduler's TurnClock, when it times the steps' launch and read-back
+    _paddings: list[list[int] | None] | None = None  # the rows' left padding per layer, read this step
+
+    def extract_cache(self, idx: int) -> list[Any]:
+        """Row `idx`'s caches taken out of the batch's (a row that finished). The rows' left paddings
+        are read back once a step for every layer, not once a row and a layer (each read a wait for
+        the device): at hundreds of rows finishing together those waits were most of the step."""
+        import mlx.core as mx
+        from mlx_lm.models.cache import BatchKVCache, KVCache
+
+        if self._paddings is None:
+            plain = [c for c in self.prompt_cache if type(c) is BatchKVCache]
+            mx.eval([c.left_padding for c in plain])
+            self._paddings = [c.left_padding.tolist() if type(c) is BatchKVCache else None for c in self.prompt_cache]
+        out = []
+        for c, paddings in zip(self.prompt_cache, self._paddings, strict=True):
+            if paddings is None:
+                out.append(c.extract(idx))
+                continue
+            row = KVCache()
+            row.keys = mx.contiguous(c.keys[idx:idx + 1, :, paddings[idx]:c._idx])
+            row.values = mx.contiguous(c.values[idx:idx + 1, :, paddings[idx]:c._idx])
+            row.offset = row.keys.shape[2]
+            out.append(row)
+        return out
+
+    def filter(self, keep: list[int]) -> None:
+        self._paddings = None
+        super().filter(keep)
+
+    def extend(self, batch: Any) -> None:
+        self._paddings = None
+        super().extend(batch)
 
     def _step(self) -> tuple[list[int], list[Any]]:
         import mlx.core as mx
 
+        self._paddings = None
         fed = self._next_tokens  # the tokens drawn last step: this step feeds them and returns them
         self._current_tokens, self._current_logprobs = fed, self._next_logprobs
         logits = self.model(fed[:, None], cache=self.prompt_cache)[:, -1, :]
@@ -64,9 +97,27 @@ class LeanBatch(GenerationBatch):
 
 
 class LeanGenerator(BatchGenerator):
-    """mlx-lm's continuous batching with a `LeanBatch` as its generation batch."""
+    """mlx-lm's continuous batching with a `LeanBatch` as its generation batch, which rows whose
+    prompts were read elsewhere (engine/serving/admission.py) join with their batched cache as it is."""
 
     def __init__(self, model: Any, *, clock: Any = None, **kwargs: Any) -> None:
         super().__init__(model, **kwargs)
         self._generation_batch = LeanBatch.empty(model, self.sampler)
         self._generation_batch.clock = clock
+        self.clock = clock
+
+    def join_prefilled(self, cache: list[Any], last_tokens: list[int], held: list[list[int]],
+                       samplers: list[Any], processors: list[list[Any]], stops: list[Any],
+                       max_tokens: list[int]) -> list[int]:
+        """Rows whose prompts, all but each one's last token, are in `cache` (one batch cache per
+        layer, a row per prompt, `held[i]` the tokens row i holds) join the generation batch; their
+        first step feeds `last_tokens`. Their uids, in order. No row's cache is copied by itself:
+        mlx-lm's own insert would take a cache per row and merge them."""
+        import mlx.core as mx
+
+        uids = list(range(self._uid_count, self._uid_count + len(last_tokens)))
+        self._uid_count += len(uids)
+        batch = LeanBatch(self.model, uids, mx.array(last_tokens, dtype=mx.uint32), cache, held, samplers,
+                          self.sampler, [tuple(p) for p in processors], stops, max_tokens)
+        self._generation_batch.extend(batch)
+        return uids

@@ -62,7 +62,7 @@ def _prompts(count: int, seed: int, longest: int = 300) -> list[list[int]]:
 def _admit(model: Any, prompts: list[list[int]], budget: int, bucketed: bool,
            resumed: dict[int, int] | None = None, forward: Any = None) -> tuple[list[Any], int]:
     """Every prompt read through an Admission (whose forwards `forward` makes, the model's own by
-    default); the ready rows by index, and the forwards it took."""
+    default); each prompt's cache by index, and the forwards it took."""
     admission = Admission(forward or model.model, budget, bucketed, max_rows=64)
     for i, ids in enumerate(prompts):
         cache, done = _fresh(model.model), 0
@@ -74,8 +74,9 @@ def _admit(model: Any, prompts: list[list[int]], budget: int, bucketed: bool,
     ready, forwards = {}, 0
     while len(admission):
         forwards += 1
-        for row in admission.step():
-            ready[row.rid] = row
+        for group in admission.step():  # each row's own cache, taken out of its group's
+            for i, row in enumerate(group.rows):
+                ready[row.rid] = [c.extract(i) for c in group.cache] if group.batched else group.cache
     return [ready[i] for i in range(len(prompts))], forwards
 
 
@@ -97,7 +98,7 @@ def test_a_prompt_longer_than_the_budget_is_read_in_chunks(tiny: Any) -> None:
     ready, forwards = _admit(tiny, [list(range(5, 1005))], budget=256, bucketed=True, forward=recorder)
     assert forwards == 4 and [s[1] for s in recorder.shapes] == [256, 256, 256, 256]
     assert [s[2] for s in recorder.shapes] == [0, 256, 512, 768]  # chunks start at aligned offsets
-    assert ready[0].cache[0].offset == 999
+    assert ready[0][0].offset == 999
 
 
 def test_gpu_prefill_shapes_come_from_a_small_set_whatever_the_prompts(tiny: Any) -> None:
@@ -127,7 +128,7 @@ def test_prompts_read_together_give_the_logits_each_gives_alone(tiny: Any, bucke
     for ids, row in zip(prompts, ready, strict=True):
         alone = _fresh(tiny.model)
         tiny.model(mx.array([ids[:-1]]), cache=alone)
-        expected, got = _next_logits(tiny, ids, alone), _next_logits(tiny, ids, row.cache)
+        expected, got = _next_logits(tiny, ids, alone), _next_logits(tiny, ids, row)
         assert mx.abs(expected - got).max().item() < 1e-4
 
 
@@ -148,3 +149,24 @@ def test_bucketed_admission_in_the_scheduler_gives_the_tokens_of_one_request_alo
     together = asyncio.run(run())
     for request, (_, finished) in zip(requests, together, strict=True):
         assert finished.token_ids == scheduled.alone(tiny, request).token_ids
+
+
+def test_rows_of_a_group_that_finish_early_leave_with_their_own_rows_of_the_cache(tiny: Any) -> None:
+    """A group whose prompts end in different chunks (not a group `step` forms today, whose prompts
+    all fit one forward): the finished rows leave with the caches filtered to them, the others read on,
+    and every prompt's next-token logits are those of reading it alone."""
+    from swama.engine.serving.admission import _Group
+
+    prompts = [list(range(5, 15)), list(range(20, 120))]
+    admission = Admission(tiny.model, 64, False)
+    group = _Group([Pending(i, ids, _fresh(tiny.model), 0) for i, ids in enumerate(prompts)])
+    first = admission._read(group)  # a share of 32 tokens a row: the short prompt ends now
+    assert [r.rid for g in first for r in g.rows] == [0] and [r.rid for r in group.rows] == [1]
+    later = []
+    while group.rows:
+        later += admission._read(group)
+    caches = {g.rows[i].rid: [c.extract(i) for c in g.cache] for g in first + later for i in range(len(g.rows))}
+    for rid, ids in enumerate(prompts):
+        alone = _fresh(tiny.model)
+        tiny.model(mx.array([ids[:-1]]), cache=alone)
+        assert mx.abs(_next_logits(tiny, ids, alone) - _next_logits(tiny, ids, caches[rid])).max().item() < 1e-4
