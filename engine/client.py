@@ -231,11 +231,13 @@ class EngineClient(Protocol):
     async def close(self) -> None: ...
 
 
-def open_engine(settings: EngineSettings) -> EngineClient:
-    """The engine `settings` ask for: in a process of its own (the default), whose device-driving
-    loop then shares no interpreter lock with HTTP and text work, or in this one (--no-engine-process,
-    and rank 0 of a group of ranks, which joined the group in this process and runs its model here)."""
-    if settings.engine_process and current_group() is None:
+def open_engine(settings: EngineSettings, *, server: bool = False) -> EngineClient:
+    """An engine running in this process; for the HTTP server (`server`), the one its settings ask
+    for: in a process of its own (the default), whose device-driving loop then shares no interpreter
+    lock with HTTP and text work, or in this one (--no-engine-process, and rank 0 of a group of
+    ranks, which joined the group in this process and runs its model here). The command line's
+    one-shot commands and the tests of the engine itself run it here."""
+    if server and settings.engine_process and current_group() is None:
         from swama.engine.process.proxy import EngineProcess
 
         return EngineProcess(settings)

@@ -100,9 +100,9 @@ class EngineSettings(StoreSettings):
               "prefilling it again (0 turns it off)", metavar="BYTES",
         default_text=f"{PROMPT_CACHE_FRACTION:.0%} of memory, at most {PROMPT_CACHE_CAP >> 30} GiB", ge=0)
     engine_process: bool = option(
-        True, "run the engine in the server's own process instead of one of its own (where the loop that "
-              "drives the device shares no interpreter lock with HTTP, templates and text work, and a crash "
-              "of it ends the requests in flight with a 503 and restarts it)", flags=("--no-engine-process",))
+        True, "run the server's engine in the server's own process instead of one of its own (where the loop "
+              "that drives the device shares no interpreter lock with HTTP, templates and text work, and a "
+              "crash of it ends the requests in flight with a 503 and restarts it)", flags=("--no-engine-process",))
     batching: bool = option(True, "serve one request at a time per model, in arrival order, instead of "
                                   "batching them continuously", flags=("--no-batching",))
     batch_rows: int = option(16, "requests one model generates for together, continuously batched: new ones "

@@ -110,6 +110,7 @@ class EngineProcess(InstalledModels):
         self._closing = False
         self._started = False
         self._supervisor: asyncio.Task[None] | None = None
+        self._starting: asyncio.Future[None] | None = None
         self.restarts = 0
         self._status = EngineStatus([], 0, 0, "unknown", 0, 0)
 
@@ -210,9 +211,10 @@ class EngineProcess(InstalledModels):
             waiter.queue.put_nowait(_UNBATCHED)
 
     async def _ready_child(self) -> _Child:
-        """The running child, waiting (within --queue-timeout) while one starts."""
+        """The running child, waiting (within --queue-timeout) while one starts (the first one
+        starts here when nobody called `start`)."""
         if self._supervisor is None:
-            raise Unavailable("The engine is not started.", code="engine_unavailable")
+            await self.start()
         if not self._up.is_set():
             try:
                 async with asyncio.timeout(self.settings.queue_timeout):
@@ -284,7 +286,13 @@ class EngineProcess(InstalledModels):
                 pass
 
     async def start(self) -> None:
-        """Start the engine process (an error when it cannot start at all), then supervise it."""
+        """Start the engine process (an error when it cannot start at all), then supervise it. Once:
+        a second caller waits for the first start."""
+        if self._starting is None:
+            self._starting = asyncio.ensure_future(self._start())
+        await asyncio.shield(self._starting)
+
+    async def _start(self) -> None:
         first = await self._spawn()
         self._supervisor = asyncio.ensure_future(self._supervise(first))
         await self._up.wait()

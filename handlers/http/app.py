@@ -23,7 +23,7 @@ from swama.handlers.http.version import package_version
 
 def create_app(settings: ServerSettings | None = None) -> FastAPI:
     settings = settings or ServerSettings()
-    engine = open_engine(settings)
+    engine = open_engine(settings, server=True)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
