@@ -29,7 +29,7 @@ def test_the_runtime_bundle_has_the_server_and_cuda_and_nothing_of_the_test_suit
     assert TEST_ONLY <= names(full) and "lm-eval" not in names(full)  # lm-eval is source only
     # tools/gpu.sh prints the same lists
     shown = subprocess.run(["bash", str(SCRIPT), "requirements", "runtime"], capture_output=True, text=True,
-                           check=True, env={**os.environ, "PYTHON": sys.executable}).stdout.split()
+                           check=True, env={**os.environ, "PYTHON": sys.executable}).stdout.splitlines()
     assert shown == runtime
 
 
