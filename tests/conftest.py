@@ -12,6 +12,14 @@ import pytest
 from live_server import LiveServer, start_server
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files with a slow test first, each file's tests in their own order. The workers of `tools/dev.sh
+    test` take whole files in this order: a slow file taken last would keep one worker busy while the
+    others stand idle."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)
+
+
 @functools.cache
 def _served_components() -> dict[str, Any]:
     from swama.handlers.http.openapi import merged_spec

@@ -30,6 +30,8 @@ from swama.engine.text.generator import (
 )
 from swama.engine.text.language import load_language_model
 
+pytestmark = pytest.mark.slow
+
 PROMPTS = ["Write a haiku about rivers.", "List three prime numbers.", "What is the capital of France?",
            "Tell me a short story about a cat who learns to swim in the sea.", "Hi", "Explain rain to a child."]
 NEAR_TIE = tol(1e-3, BF16_NEAR_TIE)  # bf16: see BF16_NEAR_TIE (a logit step of 0.125 near 25)

@@ -17,7 +17,8 @@ from precision import ON_GPU
 from live_server import LiveServer, start_server
 from swama.engine import runtime
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="BLAS preloading is a Linux CPU matter")
+pytestmark = [pytest.mark.skipif(sys.platform != "linux", reason="BLAS preloading is a Linux CPU matter"),
+              pytest.mark.slow]
 needs_mkl = pytest.mark.skipif(runtime.pip_mkl() is None, reason="the mkl wheel is not installed")
 
 

@@ -21,6 +21,8 @@ from typesafe_sdk import Choice, Noul, Score, TypeSafeClient
 from live_server import LiveServer, start_server
 from swama.engine.files.kinds import DECISION, kind_of
 
+pytestmark = pytest.mark.slow
+
 CLEF = "test/tiny-clef"
 DECIDER = "test/tiny-decider2"
 QUESTIONS = {

@@ -24,6 +24,8 @@ from swama.engine.serving.scheduler import Scheduler
 from swama.engine.text.language import load_language_model
 from tools.testmodels.tiny import build_tiny_model
 
+pytestmark = pytest.mark.slow
+
 INPUT = "\n".join(f"Message {i}: the invoice for order {1000 + i} was charged twice; the customer wants a refund "
                   f"to the original card before the end of the month." for i in range(12))
 # How far a batched answer's probabilities may be from one pass per question. bf16: the batch rounds

@@ -20,6 +20,8 @@ from swama.engine.serving.loaders import load_model
 from swama.engine.text.generator import ChatRequest, Finished, Sampling, TextDelta, generate, prepare
 from swama.engine.text.prompt_cache import PromptCache
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def smollm2(smollm2_dir: Path) -> LoadedModel:

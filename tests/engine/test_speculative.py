@@ -31,6 +31,8 @@ from swama.engine.text.prompt_cache import PromptCache
 from swama.engine.text.sampler import Sampler
 from tools.testmodels.tiny import build_tiny_model
 
+pytestmark = pytest.mark.slow
+
 NGRAM = Speculation("ngram", 8)
 OFF = Speculation("off")
 CODE = "\n".join(f"def f{i}(x):\n    return x * {i} + {i * 3}\n" for i in range(12))

@@ -16,6 +16,8 @@ from swama.engine.files import aliases
 from swama.engine.files.sources import PullError, create, pull
 from swama.engine.files.store import META, ModelNotInstalled, ModelStore, StoreError
 
+pytestmark = pytest.mark.slow
+
 QUIET = {"say": lambda _: None}
 
 

@@ -26,6 +26,8 @@ from swama.engine.decisions.scorer import (
 )
 from swama.engine.text.language import load_language_model
 
+pytestmark = pytest.mark.slow
+
 SMOL = "smollm2"
 # bf16: two computations of SmolLM2's logits (steps of 0.125) may move a log-odds by BF16_NEAR_TIE,
 # a probability by a quarter of that (BF16_PROBABILITY).

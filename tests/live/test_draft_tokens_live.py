@@ -19,6 +19,8 @@ from conftest import SMOLLM2_ID, served_schema_accepts
 
 from live_server import LiveServer, start_server
 
+pytestmark = pytest.mark.slow
+
 SMOL = "smollm2"
 # About 40 lines of Python for the model to repeat: prompt lookup finds each line in the prompt.
 SOURCE = '''import json

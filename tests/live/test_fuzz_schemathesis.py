@@ -19,6 +19,8 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 from live_server import LiveServer, start_server
 from swama.handlers.http.openapi import merged_spec
 
+pytestmark = pytest.mark.slow
+
 TINY = "test/tiny-qwen3"
 # The Clef routes' model field names a card, not a model; the server's Clef model (SmolLM2) answers.
 CLEF_SELECTOR = re.compile(r"\s*(clef|clef-flash)\s*")

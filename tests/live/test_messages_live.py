@@ -16,6 +16,8 @@ from PIL import Image
 
 from live_server import LiveServer, start_server
 
+pytestmark = pytest.mark.slow
+
 SMOL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 QWEN3 = "test/tiny-qwen3-thinking"
 OPENING = "test/tiny-opening-thinker"

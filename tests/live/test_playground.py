@@ -27,6 +27,8 @@ from PIL import Image
 
 from live_server import LiveServer, start_server
 
+pytestmark = pytest.mark.slow
+
 playwright_sync = pytest.importorskip("playwright.sync_api")
 
 CHROMIUM = os.environ.get("SWAMA_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"

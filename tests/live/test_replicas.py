@@ -21,6 +21,8 @@ from conftest import SMOLLM2_ID, TINY_ID
 
 from live_server import LiveServer, start_server
 
+pytestmark = pytest.mark.slow
+
 # Every process of the server's Ray session inherits this variable: how the test finds them, and
 # only them, whatever else runs Ray on the machine.
 MARK = "SWAMA_TEST_RAY_SESSION"

@@ -14,6 +14,8 @@ import pytest
 from live_server import LiveServer, npm_binary, start_server
 from swama.generated import openai_models as om
 
+pytestmark = pytest.mark.slow
+
 SMOL = "smollm2"
 CODEX_VERSION = "0.171.0"
 

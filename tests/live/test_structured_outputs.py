@@ -20,6 +20,8 @@ from structured_schemas import SCHEMAS
 
 from live_server import LiveServer
 
+pytestmark = pytest.mark.slow
+
 SMOL, TINY = "smollm2", "test/tiny-qwen3"
 CHECKER = jsonschema.Draft202012Validator.FORMAT_CHECKER
 FREE_PROMPTS = ["Write a haiku about rivers.", "Tell me a joke.", "What is rain?", "Count to five."]

@@ -17,6 +17,8 @@ from test_transcription_live import _cue_texts
 from live_server import LiveServer, start_server
 from model_fixtures import SpeechClip
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def server(speech_store: Path) -> Iterator[LiveServer]:

@@ -28,6 +28,8 @@ from typesafe_sdk import Noul, TypeSafeClient
 
 from live_server import LiveServer, start_server
 
+pytestmark = pytest.mark.slow
+
 QWEN_VL = "test/tiny-qwen3_5-vl"
 GEMMA_VL = "test/tiny-gemma3-vl"
 VISION_MODELS = (QWEN_VL, GEMMA_VL)

@@ -15,6 +15,8 @@ from tools.spec import extract as spec_extract
 from tools.spec.commands import GENERATED, SPECS
 from tools.spec.sources import SOURCES
 
+pytestmark = pytest.mark.slow
+
 SERVED = {
     "GET /v1/models", "POST /v1/chat/completions", "POST /v1/completions", "POST /v1/responses", "POST /v1/embeddings",
     "POST /v1/audio/transcriptions", "POST /v1/audio/speech", "POST /v1/decisions", "POST /v1/systemone",
