@@ -48,6 +48,8 @@ from swama.handlers.http.settings import ServerSettings
 SCALE_FIELDS = {"ranks", "hostfile", "rank_restarts", "replicas", "ray_address", "min_replicas", "max_replicas",
                 "default_model", "group_restarts", "group_last_failure", "group_notice"}
 STOP_SECONDS = 10.0  # how long a rank may take to stop before it is killed
+# The supervisor's pid, in the environment of each rank it starts itself (`--ranks`).
+SUPERVISOR_ENV = "SWAMA_RANK_SUPERVISOR"
 # What NCCL runs with unless the environment says otherwise. NVLink multicast (NVLS) buys nothing for
 # the small all-sums of decoding, reserves GPU memory of its own, and on hosts whose GPUs are shared
 # a fault in it can take them all down: it is off unless asked for (NCCL_NVLS_ENABLE=1).
@@ -60,6 +62,7 @@ def join_as_rank(settings: ServerSettings) -> int | None:
     """In a process that mlx.launch (or `serve_ranks`) started as a rank: join the group. Returns
     None on rank 0, which goes on to serve HTTP; on the other ranks it follows rank 0 and returns
     the exit status only when the group ends."""
+    _die_with_supervisor()
     backend = group_backend(settings.rank_backend)
     try:
         group = join_group(backend, settings.rank_timeout, STARTUP_TIMEOUT, restarts=settings.group_restarts or 0,
@@ -85,6 +88,21 @@ def join_as_rank(settings: ServerSettings) -> int | None:
 
     signal.signal(signal.SIGUSR1, notified)
     return None
+
+
+def _die_with_supervisor() -> None:
+    """A rank the supervisor started goes when the supervisor goes, however it ends (SIGKILL, the OOM
+    killer): it stops its ranks only when it is asked to stop, and an orphaned rank 0 would go on
+    serving a group that nobody restarts. Linux only (the kernel's parent-death signal)."""
+    supervisor = os.environ.get(SUPERVISOR_ENV)
+    if supervisor is None or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != int(supervisor):  # it was gone before the signal was asked for
+        os._exit(EXIT_GROUP_FAILED)
 
 
 # -- the supervisor --------------------------------------------------------------------------------
@@ -269,7 +287,7 @@ class Supervisor:
                            "--hostfile (mlx.launch)")
         processes = []
         for rank in range(self.size):
-            rank_env = {**os.environ, **env, **shared, "MLX_RANK": str(rank)}
+            rank_env = {**os.environ, **env, **shared, "MLX_RANK": str(rank), SUPERVISOR_ENV: str(os.getpid())}
             if self.gpus is not None:
                 rank_env["CUDA_VISIBLE_DEVICES"] = self.gpus[rank]
             processes.append(subprocess.Popen(self.command, env=rank_env, stdin=subprocess.DEVNULL,

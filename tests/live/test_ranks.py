@@ -268,6 +268,23 @@ def _alive(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
+def test_ranks_go_when_their_supervisor_is_killed(model_store: Path) -> None:
+    """A server killed outright (SIGKILL, the OOM killer) leaves no rank behind: each one it started
+    goes with it, rank 0 included, which would otherwise go on serving its port."""
+    server = _ranked(model_store, "tiny-orphans", TINY_ID, "--ranks", "2")
+    try:
+        pids = [r["pid"] for r in httpx.get(server.url + "/health", timeout=10).json()["ranks"]["ranks"]]
+        assert all(_alive(pid) for pid in pids)
+        server.process.kill()
+        server.process.wait(10)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+            time.sleep(0.2)
+        assert not [pid for pid in pids if _alive(pid)]
+    finally:
+        server.stop()
+
+
 def test_a_killed_rank_ends_the_stream_and_the_group_restarts(model_store: Path) -> None:
     server = _ranked(model_store, "tiny-kill", TINY_ID, "--ranks", "2")
     try:
