@@ -37,6 +37,7 @@ DEVICE_CHOICES = ("auto", "gpu", "cpu")
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 BLAS_CHOICES = ("auto", "openblas", "mkl", "bundled")
 SPECULATIVE_MODES = ("off", "ngram", "draft", "auto")
+COMPILED_STEP_MODES = ("auto", "on", "off")
 
 
 def option(default: Any = None, help: str = "", *, env: str | None = None, flags: tuple[str, ...] = (),
@@ -116,6 +117,11 @@ class EngineSettings(StoreSettings):
                 "(prompt lookup) whenever one is found, 'draft' the tokens --draft-model proposes, 'auto' both "
                 "(the draft model where lookup finds nothing) only while a row's acceptance pays for the wider "
                 "pass, on the CPU (on a GPU auto is off: measured slower there), 'off' decodes one token per step", choices=SPECULATIVE_MODES, metavar="MODE")
+    compiled_step: str = option(
+        "auto", "the batch's decode step for qwen3, qwen2 and llama models: 'on' runs one traced, compiled step "
+                "over fixed-capacity key/value storage with fused projections, 'off' mlx-lm's forward, 'auto' the "
+                "compiled step on a GPU (where launching operations, not arithmetic, sets a step's time) and "
+                "mlx-lm's forward on the CPU", choices=COMPILED_STEP_MODES, metavar="MODE")
     draft_tokens: int = option(8, "most tokens a row drafts for one speculative step", metavar="N", ge=1, le=32)
     draft_model: str | None = option(
         None, "a smaller installed model with the same tokenizer that drafts tokens for the served language "
@@ -142,6 +148,11 @@ class EngineSettings(StoreSettings):
         if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
             raise ValueError(f"cannot write profiles into {str(value)!r}: {str(existing)!r} is not a writable folder")
         return value
+
+    @field_validator("compiled_step")
+    @classmethod
+    def _compiled_step(cls, value: str) -> str:
+        return _one_of("--compiled-step mode", COMPILED_STEP_MODES, value)
 
     @model_validator(mode="after")
     def _draft_needs_a_model(self) -> EngineSettings:

@@ -245,6 +245,7 @@ class Engine(InstalledModels):
                                   rows=self.settings.batch_rows, prefill_step=self.settings.prefill_step,
                                   profile_dir=self.settings.profile_dir,
                                   speculation=speculation_of(self.settings),
+                                  compiled_step=self.settings.compiled_step,
                                   draft=self._draft_for(model))
             model.beside.set(Scheduler, scheduler)  # closed with the model
         return scheduler

@@ -212,8 +212,9 @@ class Scheduler:
     def __init__(self, model: LoadedModel, *, prompt_cache: PromptCache | None, batching: bool = True,
                  rows: int | None = None, prefill_step: int | None = None,
                  profile_dir: Path | None = None, speculation: Speculation | None = None,
-                 draft: LoadedModel | None = None) -> None:
+                 draft: LoadedModel | None = None, compiled_step: str | None = None) -> None:
         self.model = model
+        self.compiled_step = compiled_step or default_of("compiled_step")
         self.group: RankGroup | None = group_of(model)
         self.speculation = for_device(speculation or Speculation(), on_gpu())
         self.draft = draft if self.group is None else None  # ranks draft by prompt lookup alone
@@ -699,6 +700,7 @@ class Scheduler:
     def _generator(self, stream: Any) -> Any:
         from mlx_lm.generate import StopSequences
 
+        from swama.engine.text.compiled_step.policy import decoder_for
         from swama.engine.text.decode_step import LeanGenerator
 
         if self._gen is None:
@@ -713,7 +715,8 @@ class Scheduler:
                 self._gen = SpeculativeGenerator(model, speculation=self.speculation, clock=self.clock,
                                                  draft_model=self.draft.model if self.draft else None, **options)
             else:
-                self._gen = LeanGenerator(model, clock=self.clock, **options)
+                decoder = decoder_for(self.model, self.compiled_step, on_gpu()) if self.group is None else None
+                self._gen = LeanGenerator(model, clock=self.clock, decoder=decoder, **options)
             self._eos = StopSequences([[t] for t in sorted(self.model.eos_ids)])
             self._admission = Admission(self.model.model, self.prefill_step, self.bucketed, max_rows=self.rows)
         return self._gen

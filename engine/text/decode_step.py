@@ -56,13 +56,17 @@ class LeanBatch(GenerationBatch):
         self._paddings = None
         super().extend(batch)
 
+    def _forward(self, fed: Any) -> Any:
+        """The rows' next-token logits [rows, vocab] for `fed` [rows], their caches advanced."""
+        return self.model(fed[:, None], cache=self.prompt_cache)[:, -1, :]
+
     def _step(self) -> tuple[list[int], list[Any]]:
         import mlx.core as mx
 
         self._paddings = None
         fed = self._next_tokens  # the tokens drawn last step: this step feeds them and returns them
         self._current_tokens, self._current_logprobs = fed, self._next_logprobs
-        logits = self.model(fed[:, None], cache=self.prompt_cache)[:, -1, :]
+        logits = self._forward(fed)
         contexts: list[Any] = []
         if any(self.logits_processors):
             rows = []
@@ -100,9 +104,16 @@ class LeanGenerator(BatchGenerator):
     """mlx-lm's continuous batching with a `LeanBatch` as its generation batch, which rows whose
     prompts were read elsewhere (engine/serving/admission.py) join with their batched cache as it is."""
 
-    def __init__(self, model: Any, *, clock: Any = None, **kwargs: Any) -> None:
+    def __init__(self, model: Any, *, clock: Any = None, decoder: Any = None, **kwargs: Any) -> None:
+        """`decoder`: a compiled step (engine/text/compiled_step) for the batch's forward, or None
+        for mlx-lm's."""
         super().__init__(model, **kwargs)
-        self._generation_batch = LeanBatch.empty(model, self.sampler)
+        if decoder is not None:
+            from swama.engine.text.compiled_step.batch import SlotBatch
+
+            self._generation_batch = SlotBatch.on(decoder, model, self.sampler)
+        else:
+            self._generation_batch = LeanBatch.empty(model, self.sampler)
         self._generation_batch.clock = clock
         self.clock = clock
 

@@ -1,0 +1,105 @@
+"""The traced decode step of a dense decoder: qwen3, qwen2 and llama (full attention only).
+
+Their layers are alike: RMSNorm, attention (query/key/value projections, qwen3's per-head RMSNorm
+of queries and keys, RoPE at each row's own position, grouped-query attention), RMSNorm, a SwiGLU
+MLP, each with a residual. `DenseDecoder.step` runs one token for every slot of a `SlotStore`:
+each row's new key and value are written at its `end`, and it attends to its positions
+`start .. end`. The function is traced by `mx.compile` once per (slots, capacity) shape; the
+weights are captured as constants, so a call passes only the tokens, the lengths and the storage.
+The model's own modules do the norms, RoPE, the output projections and the head, so the math is
+mlx-lm's; only the fused projections and the storage are this package's.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from swama.engine.text.compiled_step.fusion import Fused, fusable, fuse
+
+FAMILIES = ("qwen3", "qwen2", "llama")
+
+
+def _family(model: Any) -> str | None:
+    module = type(model).__module__
+    name = module.rsplit(".", 1)[-1]
+    if not module.startswith("mlx_lm.models.") or name not in FAMILIES:
+        return None
+    return name
+
+
+def why_not(model: Any) -> str | None:
+    """Why `model` cannot take the compiled step (None: it can)."""
+    name = _family(model)
+    if name is None:
+        return f"{type(model).__module__} is not one of the families {', '.join(FAMILIES)}"
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None) or []
+    if not layers:
+        return "the model has no layers"
+    if any(t != "full_attention" for t in getattr(inner, "layer_types", None) or []):
+        return "the model has sliding-window layers"
+    for layer in layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        if not fusable([attn.q_proj, attn.k_proj, attn.v_proj]) or not fusable([mlp.gate_proj, mlp.up_proj]):
+            return "its projections are not plain or quantized linear layers (adapters or shards)"
+    return None
+
+
+class DenseDecoder:
+    def __init__(self, model: Any) -> None:
+        import mlx.core as mx
+        from mlx_lm.models.activations import swiglu
+
+        self.model = model
+        self.family = _family(model)
+        self.inner = model.model
+        self.layers = list(self.inner.layers)
+        attn = self.layers[0].self_attn
+        self.heads, self.kv_heads = attn.n_heads, attn.n_kv_heads
+        self.qkv: list[Fused] = []
+        self.gate_up: list[Fused] = []
+        for layer in self.layers:  # one layer at a time: the peak is one layer's copy
+            a, m = layer.self_attn, layer.mlp
+            self.qkv.append(fuse([a.q_proj, a.k_proj, a.v_proj]))
+            self.gate_up.append(fuse([m.gate_proj, m.up_proj]))
+        self.head_dim = self.qkv[0].sizes[0] // self.heads
+        self.swiglu = getattr(sys.modules[type(self.layers[0].mlp).__module__], "swiglu", swiglu)
+        tied = getattr(getattr(model, "args", None), "tie_word_embeddings", False) or not hasattr(model, "lm_head")
+        self.head = self.inner.embed_tokens.as_linear if tied else model.lm_head
+        self.step = mx.compile(self._step)
+
+    def _step(self, tokens: Any, starts: Any, ends: Any, keys: list[Any], values: list[Any]
+              ) -> tuple[Any, list[Any], list[Any]]:
+        """Logits [slots, vocab] for `tokens` [slots] fed at positions `ends`, and the storage with
+        their keys and values written."""
+        import mlx.core as mx
+
+        slots, capacity = keys[0].shape[0], keys[0].shape[2]
+        positions = ends - starts
+        span = mx.arange(capacity)[None]
+        mask = ((span >= starts[:, None]) & (span <= ends[:, None]))[:, None, None, :]
+        where = mx.broadcast_to(ends[:, None, None, None], (slots, self.kv_heads, 1, self.head_dim))
+        h = self.inner.embed_tokens(tokens[:, None])
+        new_keys, new_values = [], []
+        for layer, qkv, gate_up, k_store, v_store in zip(self.layers, self.qkv, self.gate_up, keys, values,
+                                                          strict=True):
+            attn = layer.self_attn
+            q, k, v = qkv.split(qkv(layer.input_layernorm(h)))
+            q = q.reshape(slots, 1, self.heads, self.head_dim)
+            k = k.reshape(slots, 1, self.kv_heads, self.head_dim)
+            if hasattr(attn, "q_norm"):
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q = attn.rope(q.transpose(0, 2, 1, 3), offset=positions)
+            k = attn.rope(k.transpose(0, 2, 1, 3), offset=positions)
+            v = v.reshape(slots, 1, self.kv_heads, self.head_dim).transpose(0, 2, 1, 3)
+            k_store = mx.put_along_axis(k_store, where, k.astype(k_store.dtype), axis=2)
+            v_store = mx.put_along_axis(v_store, where, v.astype(v_store.dtype), axis=2)
+            new_keys.append(k_store)
+            new_values.append(v_store)
+            out = mx.fast.scaled_dot_product_attention(q, k_store, v_store, scale=attn.scale, mask=mask)
+            h = h + attn.o_proj(out.transpose(0, 2, 1, 3).reshape(slots, 1, -1))
+            gate, up = gate_up.split(gate_up(layer.post_attention_layernorm(h)))
+            h = h + layer.mlp.down_proj(self.swiglu(gate, up))
+        logits = self.head(self.inner.norm(h))
+        return logits[:, 0, :], new_keys, new_values
