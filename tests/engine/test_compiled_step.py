@@ -37,11 +37,11 @@ def tiny(family: str, quantized: bool = False, seed: int = 0) -> nn.Module:
     from mlx_lm.models import llama, qwen2, qwen3
 
     mx.random.seed(seed)
-    common = dict(model_type=family, hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+    common = dict(model_type=family, hidden_size=256, num_hidden_layers=2, intermediate_size=256,
                   num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, vocab_size=320,
                   rope_theta=10000.0)
     if family == "qwen3":
-        model = qwen3.Model(qwen3.ModelArgs(**common, head_dim=16, max_position_embeddings=4096,
+        model = qwen3.Model(qwen3.ModelArgs(**common, head_dim=64, max_position_embeddings=4096,
                                             tie_word_embeddings=False))
     elif family == "qwen2":
         model = qwen2.Model(qwen2.ModelArgs(**common, tie_word_embeddings=True))
@@ -147,7 +147,7 @@ def test_fusion_leaves_the_plain_forward_as_it_was() -> None:
     mx.eval(before)
     DenseDecoder(model)
     attn = model.layers[0].self_attn
-    assert attn.q_proj.weight.shape == (64, 64) and attn.k_proj.weight.shape == (32, 64)
+    assert attn.q_proj.weight.shape == (256, 256) and attn.k_proj.weight.shape == (128, 256)
     assert mx.array_equal(model(tokens), before).item()
 
 
@@ -156,7 +156,7 @@ def test_models_it_does_not_cover_keep_mlx_lms_forward(tiny_hybrid_dir: Path) ->
     assert "qwen3_5" in (why_not(hybrid.model) or "")
     assert decoder_for(hybrid, "on", on_gpu=True) is None
     model = tiny("qwen3")
-    model.layers[1].mlp.up_proj = nn.Linear(64, 128, bias=True)  # no longer fusable with the gate
+    model.layers[1].mlp.up_proj = nn.Linear(256, 256, bias=True)  # no longer fusable with the gate
     assert "projections" in (why_not(model) or "")
 
 

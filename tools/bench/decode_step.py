@@ -1,5 +1,6 @@
 """One decode step, taken apart: mlx-lm's forward over its batch cache against swama's compiled step
-(engine/text/compiled_step) over fixed-capacity slots, on the same random model, in one process.
+(engine/text/compiled_step) over fixed-capacity slots, with MLX's masked attention and (on CUDA)
+with swama's span-attention kernel, on the same random model, in one process.
 
     python -m tools.bench.decode_step [--shape qwen3-0.6b] [--rows 1,8,64,256] [--context 128]
                                       [--steps 64] [--rounds 3] [--json OUT]
@@ -94,12 +95,11 @@ class MlxLm(Side):
 
 
 class Compiled(Side):
-    name = "compiled step"
-
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, attention: str) -> None:
         from swama.engine.text.compiled_step.forward import DenseDecoder
 
-        self.decoder = DenseDecoder(model)
+        self.decoder = DenseDecoder(model, attention)
+        self.name = f"compiled, {attention}"
 
     def start(self, rows: int, context: int) -> Any:
         import mlx.core as mx
@@ -157,7 +157,12 @@ def measure(shape: str, rows: list[int], context: int, steps: int, rounds: int) 
     import mlx.core as mx
 
     model = build(shape)
-    sides = [MlxLm(model), Compiled(model)]  # the fusion leaves mlx-lm's modules as views: same weights
+    # The fusion leaves mlx-lm's modules as views of the fused weights: every side reads the same.
+    sides = [MlxLm(model), Compiled(model, "masked")]
+    from swama.engine.text.compiled_step.attention import kernel_available
+
+    if kernel_available(sides[1].decoder.head_dim):
+        sides.append(Compiled(model, "kernel"))
     results = []
     for n in rows:
         for side in sides:
@@ -168,7 +173,7 @@ def measure(shape: str, rows: list[int], context: int, steps: int, rounds: int) 
                 row[key] = statistics.median(values)
                 row[key + "_spread"] = [min(values), max(values)]
             results.append(row)
-            print(f"{n:>4} rows  {side.name:<15} {row['tokens_per_second']:>9,.0f} tok/s  step {row['step']:6.2f} ms "
+            print(f"{n:>4} rows  {side.name:<17} {row['tokens_per_second']:>9,.0f} tok/s  step {row['step']:6.2f} ms "
                   f"(graph {row['graph']:.2f}, launch {row['launch']:.2f}, wait {row['wait']:.2f})  "
                   f"ops {row['ops']} ({row['views']} views)", flush=True)
             mx.clear_cache()

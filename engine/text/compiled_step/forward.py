@@ -4,7 +4,7 @@ Their layers are alike: RMSNorm, attention (query/key/value projections, qwen3's
 of queries and keys, RoPE at each row's own position, grouped-query attention), RMSNorm, a SwiGLU
 MLP, each with a residual. `DenseDecoder.step` runs one token for every slot of a `SlotStore`:
 each row's new key and value are written at its `end`, and it attends to its positions
-`start .. end`. The function is traced by `mx.compile` once per (slots, capacity) shape; the
+`start .. end` (attention.py: one CUDA kernel on NVIDIA GPUs, MLX's masked attention elsewhere). The function is traced by `mx.compile` once per (slots, capacity) shape; the
 weights are captured as constants, so a call passes only the tokens, the lengths and the storage.
 The model's own modules do the norms, RoPE, the output projections and the head, so the math is
 mlx-lm's; only the fused projections and the storage are this package's.
@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from swama.engine.text.compiled_step.attention import kernel_available, masked_attention, span_attention
 from swama.engine.text.compiled_step.fusion import Fused, fusable, fuse
 
 FAMILIES = ("qwen3", "qwen2", "llama")
@@ -47,7 +48,9 @@ def why_not(model: Any) -> str | None:
 
 
 class DenseDecoder:
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, attention: str = "auto") -> None:
+        """`attention`: "kernel" (engine/text/compiled_step/attention.py, CUDA only), "masked"
+        (MLX's attention with a mask of each row's span), or "auto": the kernel where it runs."""
         import mlx.core as mx
         from mlx_lm.models.activations import swiglu
 
@@ -64,6 +67,8 @@ class DenseDecoder:
             self.qkv.append(fuse([a.q_proj, a.k_proj, a.v_proj]))
             self.gate_up.append(fuse([m.gate_proj, m.up_proj]))
         self.head_dim = self.qkv[0].sizes[0] // self.heads
+        self.kernel = attention == "kernel" or (attention == "auto" and kernel_available(self.head_dim))
+        self.scale = mx.array([attn.scale], dtype=mx.float32)
         self.swiglu = getattr(sys.modules[type(self.layers[0].mlp).__module__], "swiglu", swiglu)
         tied = getattr(getattr(model, "args", None), "tie_word_embeddings", False) or not hasattr(model, "lm_head")
         self.head = self.inner.embed_tokens.as_linear if tied else model.lm_head
@@ -75,10 +80,8 @@ class DenseDecoder:
         their keys and values written."""
         import mlx.core as mx
 
-        slots, capacity = keys[0].shape[0], keys[0].shape[2]
+        slots = keys[0].shape[0]
         positions = ends - starts
-        span = mx.arange(capacity)[None]
-        mask = ((span >= starts[:, None]) & (span <= ends[:, None]))[:, None, None, :]
         where = mx.broadcast_to(ends[:, None, None, None], (slots, self.kv_heads, 1, self.head_dim))
         h = self.inner.embed_tokens(tokens[:, None])
         new_keys, new_values = [], []
@@ -97,7 +100,10 @@ class DenseDecoder:
             v_store = mx.put_along_axis(v_store, where, v.astype(v_store.dtype), axis=2)
             new_keys.append(k_store)
             new_values.append(v_store)
-            out = mx.fast.scaled_dot_product_attention(q, k_store, v_store, scale=attn.scale, mask=mask)
+            if self.kernel:
+                out = span_attention(q, k_store, v_store, starts, ends, self.scale)
+            else:
+                out = masked_attention(q, k_store, v_store, starts, ends, attn.scale)
             h = h + attn.o_proj(out.transpose(0, 2, 1, 3).reshape(slots, 1, -1))
             gate, up = gate_up.split(gate_up(layer.post_attention_layernorm(h)))
             h = h + layer.mlp.down_proj(self.swiglu(gate, up))
