@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import functools
 import logging
 import os
 import secrets
@@ -700,6 +701,7 @@ class Scheduler:
     def _generator(self, stream: Any) -> Any:
         from mlx_lm.generate import StopSequences
 
+        from swama.engine.text.compiled_step.batch import SlotBatch
         from swama.engine.text.compiled_step.policy import decoder_for
         from swama.engine.text.decode_step import LeanGenerator
 
@@ -716,7 +718,8 @@ class Scheduler:
                                                  draft_model=self.draft.model if self.draft else None, **options)
             else:
                 decoder = decoder_for(self.model, self.compiled_step, on_gpu()) if self.group is None else None
-                self._gen = LeanGenerator(model, clock=self.clock, decoder=decoder, **options)
+                make_batch = functools.partial(SlotBatch.on, decoder) if decoder is not None else None
+                self._gen = LeanGenerator(model, clock=self.clock, make_batch=make_batch, **options)
             self._eos = StopSequences([[t] for t in sorted(self.model.eos_ids)])
             self._admission = Admission(self.model.model, self.prefill_step, self.bucketed, max_rows=self.rows)
         return self._gen

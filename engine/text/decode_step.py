@@ -12,6 +12,7 @@ leaving): `LeanBatch` replaces only the step.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from mlx_lm.generate import BatchGenerator, GenerationBatch
@@ -104,16 +105,12 @@ class LeanGenerator(BatchGenerator):
     """mlx-lm's continuous batching with a `LeanBatch` as its generation batch, which rows whose
     prompts were read elsewhere (engine/serving/admission.py) join with their batched cache as it is."""
 
-    def __init__(self, model: Any, *, clock: Any = None, decoder: Any = None, **kwargs: Any) -> None:
-        """`decoder`: a compiled step (engine/text/compiled_step) for the batch's forward, or None
-        for mlx-lm's."""
+    def __init__(self, model: Any, *, clock: Any = None, make_batch: Callable[[Any, Any], LeanBatch] | None = None,
+                 **kwargs: Any) -> None:
+        """`make_batch(model, sampler)`: the empty generation batch (a `LeanBatch` by default; the
+        compiled step's `SlotBatch`)."""
         super().__init__(model, **kwargs)
-        if decoder is not None:
-            from swama.engine.text.compiled_step.batch import SlotBatch
-
-            self._generation_batch = SlotBatch.on(decoder, model, self.sampler)
-        else:
-            self._generation_batch = LeanBatch.empty(model, self.sampler)
+        self._generation_batch = (make_batch or LeanBatch.empty)(model, self.sampler)
         self._generation_batch.clock = clock
         self.clock = clock
 
