@@ -23,6 +23,7 @@ from precision import BF16_NEAR_TIE, DTYPE, parting, tol, top_two_gap
 from swama.engine.model import LoadedModel
 from swama.engine.serving.scheduler import Scheduler
 from swama.engine.settings import EngineSettings
+from swama.engine.text.compiled_step.attention import kernel_agrees, kernel_available
 from swama.engine.text.compiled_step.forward import DenseDecoder, why_not
 from swama.engine.text.compiled_step.policy import decoder_for
 from swama.engine.text.compiled_step.slots import STEP, SlotStore
@@ -127,6 +128,13 @@ def test_step_matches_mlx_lm_while_rows_come_and_go(family: str, quantized: bool
     for _ in range(2):
         ref.step()
     assert ref.worst <= BOUND, f"{family}: logits differ from mlx-lm's forward by {ref.worst}"
+
+
+@pytest.mark.skipif(not kernel_available(64), reason="the span-attention kernel runs on MLX's CUDA backend")
+@pytest.mark.parametrize("heads,kv_heads,dim", [(4, 2, 64), (16, 8, 128), (32, 8, 128)])
+def test_the_span_attention_kernel_agrees_with_mlx(heads: int, kv_heads: int, dim: int) -> None:
+    assert kernel_agrees(heads, kv_heads, dim, DTYPE) is None
+    assert DenseDecoder(tiny("qwen3")).kernel  # the models above decode through it on a GPU
 
 
 def test_a_row_outgrows_the_capacity() -> None:

@@ -17,6 +17,7 @@ WARPS = 4
 
 _SOURCE = """
     constexpr int PER = D / 32;
+    const float NEG_INF = __int_as_float(0xff800000);
     const int b = blockIdx.y;
     const int h = blockIdx.x;
     const int kvh = h / (HQ / HKV);
@@ -32,7 +33,7 @@ _SOURCE = """
         qv[i] = static_cast<float>(q[qo + i]) * sc;
         acc[i] = 0.f;
     }
-    float m = -INFINITY;
+    float m = NEG_INF;
     float l = 0.f;
     const size_t base = ((size_t)b * HKV + kvh) * (size_t)C * D + lane * PER;
     for (int p = first + warp; p <= last; p += WARPS) {
@@ -65,7 +66,7 @@ _SOURCE = """
     }
     __syncthreads();
     if (warp == 0) {
-        float top = -INFINITY;
+        float top = NEG_INF;
         for (int w = 0; w < WARPS; w++) {
             top = fmaxf(top, sm[w]);
         }
@@ -75,7 +76,7 @@ _SOURCE = """
             r[i] = 0.f;
         }
         for (int w = 0; w < WARPS; w++) {
-            const float f = sm[w] == -INFINITY ? 0.f : __expf(sm[w] - top);
+            const float f = sm[w] == NEG_INF ? 0.f : __expf(sm[w] - top);
             total += f * sl[w];
             for (int i = 0; i < PER; i++) {
                 r[i] += f * so[w][lane * PER + i];
@@ -127,3 +128,22 @@ def masked_attention(q: Any, keys: Any, values: Any, starts: Any, ends: Any, sca
     span = mx.arange(keys.shape[2])[None]
     mask = ((span >= starts[:, None]) & (span <= ends[:, None]))[:, None, None, :]
     return mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask=mask)
+
+
+def kernel_agrees(heads: int, kv_heads: int, dim: int, dtype: Any) -> str | None:
+    """Build the kernel for this shape and check it against `masked_attention` on random rows of
+    different spans; None when it agrees, else why not (a build or launch error, or the difference)."""
+    import mlx.core as mx
+
+    try:
+        key = mx.random.key(0)
+        q, k, v = (mx.random.normal(shape, key=mx.random.split(key, 3)[i]).astype(dtype)
+                   for i, shape in enumerate([(3, heads, 1, dim), (3, kv_heads, 64, dim), (3, kv_heads, 64, dim)]))
+        starts, ends = mx.array([0, 5, 17], dtype=mx.int32), mx.array([63, 20, 17], dtype=mx.int32)
+        scale = dim ** -0.5
+        got = span_attention(q, k, v, starts, ends, mx.array([scale], dtype=mx.float32))
+        want = masked_attention(q, k, v, starts, ends, scale)
+        worst = mx.abs(got.astype(mx.float32) - want.astype(mx.float32)).max().item()
+    except Exception as exc:  # a failed NVRTC build or launch: the masked path serves instead
+        return f"{type(exc).__name__}: {exc}"
+    return None if worst <= 0.05 else f"it differs from MLX's attention by {worst}"

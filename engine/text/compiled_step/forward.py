@@ -12,13 +12,20 @@ mlx-lm's; only the fused projections and the storage are this package's.
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any
 
-from swama.engine.text.compiled_step.attention import kernel_available, masked_attention, span_attention
+from swama.engine.text.compiled_step.attention import (
+    kernel_agrees,
+    kernel_available,
+    masked_attention,
+    span_attention,
+)
 from swama.engine.text.compiled_step.fusion import Fused, fusable, fuse
 
 FAMILIES = ("qwen3", "qwen2", "llama")
+log = logging.getLogger("swama.engine")
 
 
 def _family(model: Any) -> str | None:
@@ -68,6 +75,11 @@ class DenseDecoder:
             self.gate_up.append(fuse([m.gate_proj, m.up_proj]))
         self.head_dim = self.qkv[0].sizes[0] // self.heads
         self.kernel = attention == "kernel" or (attention == "auto" and kernel_available(self.head_dim))
+        if self.kernel and attention == "auto":
+            problem = kernel_agrees(self.heads, self.kv_heads, self.head_dim, self.inner.norm.weight.dtype)
+            if problem is not None:
+                log.warning("the span-attention kernel is not used (MLX's masked attention is): %s", problem)
+                self.kernel = False
         self.scale = mx.array([attn.scale], dtype=mx.float32)
         self.swiglu = getattr(sys.modules[type(self.layers[0].mlp).__module__], "swiglu", swiglu)
         tied = getattr(getattr(model, "args", None), "tie_word_embeddings", False) or not hasattr(model, "lm_head")
