@@ -108,7 +108,7 @@ class Reference:
 
 
 @pytest.mark.parametrize("family,quantized", [("qwen3", False), ("qwen2", False), ("llama", False),
-                                              ("qwen3", True), ("llama", True)])
+                                              ("qwen3", True), ("qwen2", True), ("llama", True)])
 def test_step_matches_mlx_lm_while_rows_come_and_go(family: str, quantized: bool) -> None:
     model = tiny(family, quantized)
     assert why_not(model) is None

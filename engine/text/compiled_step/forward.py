@@ -22,7 +22,7 @@ from swama.engine.text.compiled_step.attention import (
     masked_attention,
     span_attention,
 )
-from swama.engine.text.compiled_step.fusion import Fused, fusable, fuse
+from swama.engine.text.compiled_step.fusion import Fused, fusable, fuse, projection
 
 FAMILIES = ("qwen3", "qwen2", "llama")
 log = logging.getLogger("swama.engine")
@@ -69,10 +69,14 @@ class DenseDecoder:
         self.heads, self.kv_heads = attn.n_heads, attn.n_kv_heads
         self.qkv: list[Fused] = []
         self.gate_up: list[Fused] = []
+        self.out: list[Any] = []
+        self.down: list[Any] = []
         for layer in self.layers:  # one layer at a time: the peak is one layer's copy
             a, m = layer.self_attn, layer.mlp
             self.qkv.append(fuse([a.q_proj, a.k_proj, a.v_proj]))
             self.gate_up.append(fuse([m.gate_proj, m.up_proj]))
+            self.out.append(projection(a.o_proj))
+            self.down.append(projection(m.down_proj))
         self.head_dim = self.qkv[0].sizes[0] // self.heads
         self.kernel = attention == "kernel" or (attention == "auto" and kernel_available(self.head_dim))
         if self.kernel and attention == "auto":
@@ -83,7 +87,7 @@ class DenseDecoder:
         self.scale = mx.array([attn.scale], dtype=mx.float32)
         self.swiglu = getattr(sys.modules[type(self.layers[0].mlp).__module__], "swiglu", swiglu)
         tied = getattr(getattr(model, "args", None), "tie_word_embeddings", False) or not hasattr(model, "lm_head")
-        self.head = self.inner.embed_tokens.as_linear if tied else model.lm_head
+        self.head = projection(self.inner.embed_tokens if tied else model.lm_head)
         self.step = mx.compile(self._step)
 
     def _step(self, tokens: Any, starts: Any, ends: Any, keys: list[Any], values: list[Any]
@@ -92,22 +96,23 @@ class DenseDecoder:
         their keys and values written."""
         import mlx.core as mx
 
-        slots = keys[0].shape[0]
+        slots, heads, kv_heads, dim = keys[0].shape[0], self.heads, self.kv_heads, self.head_dim
         positions = ends - starts
-        where = mx.broadcast_to(ends[:, None, None, None], (slots, self.kv_heads, 1, self.head_dim))
-        h = self.inner.embed_tokens(tokens[:, None])
+        where = mx.broadcast_to(ends[:, None, None, None], (slots, kv_heads, 1, dim))
+        h = self.inner.embed_tokens(tokens)  # [slots, hidden]: one token a row, no length axis to carry
         new_keys, new_values = [], []
-        for layer, qkv, gate_up, k_store, v_store in zip(self.layers, self.qkv, self.gate_up, keys, values,
-                                                          strict=True):
+        for layer, qkv, gate_up, out_proj, down_proj, k_store, v_store in zip(
+                self.layers, self.qkv, self.gate_up, self.out, self.down, keys, values, strict=True):
             attn = layer.self_attn
             q, k, v = qkv.split(qkv(layer.input_layernorm(h)))
-            q = q.reshape(slots, 1, self.heads, self.head_dim)
-            k = k.reshape(slots, 1, self.kv_heads, self.head_dim)
+            # [slots, heads, 1, dim] is [slots, 1, heads, dim] in memory: one token needs no transpose.
+            q = q.reshape(slots, heads, 1, dim)
+            k = k.reshape(slots, kv_heads, 1, dim)
             if hasattr(attn, "q_norm"):
                 q, k = attn.q_norm(q), attn.k_norm(k)
-            q = attn.rope(q.transpose(0, 2, 1, 3), offset=positions)
-            k = attn.rope(k.transpose(0, 2, 1, 3), offset=positions)
-            v = v.reshape(slots, 1, self.kv_heads, self.head_dim).transpose(0, 2, 1, 3)
+            q = attn.rope(q, offset=positions)
+            k = attn.rope(k, offset=positions)
+            v = v.reshape(slots, kv_heads, 1, dim)
             k_store = mx.put_along_axis(k_store, where, k.astype(k_store.dtype), axis=2)
             v_store = mx.put_along_axis(v_store, where, v.astype(v_store.dtype), axis=2)
             new_keys.append(k_store)
@@ -116,8 +121,7 @@ class DenseDecoder:
                 out = span_attention(q, k_store, v_store, starts, ends, self.scale)
             else:
                 out = masked_attention(q, k_store, v_store, starts, ends, attn.scale)
-            h = h + attn.o_proj(out.transpose(0, 2, 1, 3).reshape(slots, 1, -1))
+            h = h + out_proj(out.reshape(slots, heads * dim))
             gate, up = gate_up.split(gate_up(layer.post_attention_layernorm(h)))
-            h = h + layer.mlp.down_proj(self.swiglu(gate, up))
-        logits = self.head(self.inner.norm(h))
-        return logits[:, 0, :], new_keys, new_values
+            h = h + down_proj(self.swiglu(gate, up))
+        return self.head(self.inner.norm(h)), new_keys, new_values

@@ -28,7 +28,7 @@ class Fused:
 
         p = self.params
         if self.quantized is None:
-            out = x @ p["weight"].T
+            out = x @ p["weight_t"]
         else:
             out = mx.quantized_matmul(x, p["weight"], p["scales"], p.get("biases"), transpose=True, **self.quantized)
         return out + p["bias"] if "bias" in p else out
@@ -68,18 +68,46 @@ def fuse(modules: list[Any]) -> Fused:
     quantized = type(modules[0]) is nn.QuantizedLinear
     names = [n for n in (_QUANTIZED_PARTS if quantized else _DENSE_PARTS) if modules[0].get(n) is not None]
     sizes = tuple(int(m["weight"].shape[0]) for m in modules)
-    params = {n: mx.concatenate([m[n] for m in modules], axis=0) for n in names}
-    mx.eval(params)
-    at = 0
-    for module, size in zip(modules, sizes, strict=True):
-        for n in names:
-            module[n] = params[n][at:at + size]
-        at += size
-    mx.eval([m.parameters() for m in modules])
+    if len(modules) == 1:
+        params = {n: modules[0][n] for n in names}
+    else:
+        params = {n: mx.concatenate([m[n] for m in modules], axis=0) for n in names}
+        mx.eval(params)
+        at = 0
+        for module, size in zip(modules, sizes, strict=True):
+            for n in names:
+                module[n] = params[n][at:at + size]
+            at += size
+        mx.eval([m.parameters() for m in modules])
+    return _made(params, sizes, modules[0] if quantized else None)
+
+
+def _made(params: dict[str, Any], sizes: tuple[int, ...], quantized: Any) -> Fused:
+    """A `Fused` whose dense weight is also held transposed (a view, evaluated once: the traced step
+    then has no transpose of its own to replay)."""
+    import mlx.core as mx
+
     options = None
-    if quantized:
-        m = modules[0]
-        options = {"group_size": m.group_size, "bits": m.bits}
-        if hasattr(m, "mode"):
-            options["mode"] = m.mode
+    if quantized is not None:
+        options = {"group_size": quantized.group_size, "bits": quantized.bits}
+        if hasattr(quantized, "mode"):
+            options["mode"] = quantized.mode
+    else:
+        params = {**params, "weight_t": params["weight"].T}
+        mx.eval(params["weight_t"])
     return Fused(params, sizes, options)
+
+
+def projection(module: Any) -> Fused | Any:
+    """A module the step calls as a projection: a linear layer as a `Fused` of one, an embedding
+    table as the output head it is when tied; any other module as it is."""
+    import mlx.nn as nn
+
+    if _kind(module) is not None:
+        return fuse([module])
+    if type(module) is nn.Embedding:
+        return _made({"weight": module.weight}, (int(module.weight.shape[0]),), None)
+    if type(module) is nn.QuantizedEmbedding:
+        params = {n: module[n] for n in ("weight", "scales", "biases") if module.get(n) is not None}
+        return _made(params, (int(module.weight.shape[0]),), module)
+    return module
