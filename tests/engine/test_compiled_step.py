@@ -30,6 +30,8 @@ from swama.engine.text.compiled_step.slots import STEP, SlotStore
 from swama.engine.text.generator import ChatRequest, Sampling, prepare
 from swama.engine.text.language import load_language_model
 
+pytestmark = pytest.mark.slow  # about 80 s in one process (the scheduler's runs on SmolLM2)
+
 BOUND = tol(1e-4, 0.25)  # |logit difference|; bfloat16: four of its rounding steps near 8
 NEAR_TIE = tol(1e-3, BF16_NEAR_TIE)
 
