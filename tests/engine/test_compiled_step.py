@@ -12,6 +12,7 @@ probabilities and stop strings) on the tiny Qwen3 and on SmolLM2 (a llama).
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import mlx.core as mx
@@ -28,6 +29,7 @@ from swama.engine.text.compiled_step.forward import DenseDecoder, why_not
 from swama.engine.text.compiled_step.policy import decoder_for
 from swama.engine.text.compiled_step.slots import STEP, SlotStore
 from swama.engine.text.generator import ChatRequest, Sampling, prepare
+from swama.engine.text.grammar import Constraint
 from swama.engine.text.language import load_language_model
 
 pytestmark = pytest.mark.slow  # about 80 s in one process (the scheduler's runs on SmolLM2)
@@ -188,13 +190,19 @@ def model(request: pytest.FixtureRequest, tiny_model_dir: Path, smollm2_dir: Pat
     return load_language_model(request.param, folder)
 
 
+CITY = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
+        "additionalProperties": False}
+
+
 def _requests() -> list[ChatRequest]:
+    """Greedy and seeded rows, with log probabilities, a stop string and a JSON schema among them."""
     out = []
     for i, prompt in enumerate(PROMPTS):
         sampling = Sampling(temperature=0.9, seed=7 + i) if i % 3 == 2 else Sampling(temperature=0)
-        out.append(ChatRequest([{"role": "user", "content": prompt}], sampling=sampling, max_tokens=8 + 5 * i,
+        out.append(ChatRequest([{"role": "user", "content": prompt}], sampling=sampling, max_tokens=40 if i == 2 else 8 + 5 * i,
                                context_limit=2048, logprobs=2 if i % 2 else None,
-                               stop=["\n\n"] if i == 3 else []))
+                               stop=["\n\n"] if i == 3 else [],
+                               constraint=Constraint("json_schema", json.dumps(CITY)) if i == 2 else None))
     return out
 
 
@@ -212,6 +220,7 @@ def _generate(model: LoadedModel, compiled: str) -> list[object]:
 def test_the_scheduler_generates_the_same_on_either_step(model: LoadedModel) -> None:
     assert decoder_for(model, "on", on_gpu=False) is not None
     plain, compiled = _generate(model, "off"), _generate(model, "on")
+    assert json.loads(compiled[2][0]).keys() == {"city"}  # the schema's row stayed in its grammar
     for request, (_, a), (_, b) in zip(_requests(), plain, compiled, strict=True):
         assert b.prompt_tokens == a.prompt_tokens
         parted = parting(a.token_ids, b.token_ids)
