@@ -4,8 +4,9 @@ Their layers are alike: RMSNorm, attention (query/key/value projections, qwen3's
 of queries and keys, RoPE at each row's own position, grouped-query attention), RMSNorm, a SwiGLU
 MLP, each with a residual. `DenseDecoder.step` runs one token for every slot of a `SlotStore`:
 each row's new key and value are written at its `end`, and it attends to its positions
-`start .. end` (attention.py: one CUDA kernel on NVIDIA GPUs, MLX's masked attention elsewhere). The function is traced by `mx.compile` once per (slots, capacity) shape; the
-weights are captured as constants, so a call passes only the tokens, the lengths and the storage.
+`start .. end` (attention.py: one CUDA kernel on NVIDIA GPUs, MLX's masked attention elsewhere).
+The function is traced by `mx.compile` once per (slots, capacity) shape; the weights are captured
+as constants, so a call passes only the tokens, the lengths and the storage.
 The model's own modules do the norms, RoPE, the output projections and the head, so the math is
 mlx-lm's; only the fused projections and the storage are this package's.
 """
