@@ -30,10 +30,6 @@ class _StorageView:
     def nbytes(self) -> int:
         return self.store.nbytes
 
-    @property
-    def state(self) -> list[Any]:
-        return [*self.store.keys, *self.store.values]
-
 
 class SlotBatch(LeanBatch):
     decoder: DenseDecoder
