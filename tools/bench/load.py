@@ -9,7 +9,9 @@ waves and chat requests arriving at random.
 **The ceiling first.** Before the server starts, `python -m tools.bench.ceiling` runs in its own
 process on the same model folder and the same row counts: mlx-lm's `BatchGenerator` alone (one
 wave of the same prompts, prefill included) and a raw decode forward. Every chat level prints the
-live figure beside it and the efficiency (live / batch loop).
+live figure beside it and the efficiency (live / batch loop), and beside them swama's own scheduler on
+the same waves in that process (`--ceiling-scheduler MODES`, compiled-step modes: the first one's
+figure is shown), so the gap between the engine and the live server is its own column.
 
 Decisions: every client sends requests back to back, each 20 questions (10 predicates, 10 four-way
 choices) over its own ~1,000-token input (the client's number leads it, so no request shares a
@@ -245,6 +247,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-gpu-busy", action="store_true",
                         help="do not sample the GPU's utilisation with nvidia-smi during the levels")
     parser.add_argument("--ceiling-rounds", type=int, default=3)
+    parser.add_argument("--ceiling-scheduler", default="auto",
+                        help="compiled-step modes to run swama's scheduler alone with in the ceiling's process "
+                             "(comma-separated; 'none' to skip)")
     parser.add_argument("--server-flags", default="", help="more `swama serve` flags, one string")
     parser.add_argument("--client-processes", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)),
                         help="processes the chat clients of a wave are spread over")
@@ -341,7 +346,7 @@ def run_ceiling(folder: Path, args: argparse.Namespace) -> dict[int, dict[str, A
     with tempfile.TemporaryDirectory(prefix="bench-ceiling-") as tmp:
         out = Path(tmp) / "ceiling.json"
         cmd = [sys.executable, "-m", "tools.bench.ceiling", "--model-dir", str(folder), "--rows", args.chat,
-               "--max-tokens", str(args.max_tokens), "--rounds", str(args.ceiling_rounds), "--json", str(out)]
+               "--max-tokens", str(args.max_tokens), "--rounds", str(args.ceiling_rounds), "--scheduler", args.ceiling_scheduler, "--json", str(out)]
         print("the ceiling: " + shlex.join(cmd[1:]), flush=True)
         done = subprocess.run(cmd, env=server_env({"HF_HUB_OFFLINE": "1"}), timeout=args.timeout * 4)
         if done.returncode != 0 or not out.is_file():
@@ -466,9 +471,10 @@ def chat_lines(target: Target, server: Server, args: argparse.Namespace, facts: 
         return []
     run_level(target, server, max(levels), 1, 8, 10_000, args.timeout)  # every batch shape once
     out = [f"### Chat: waves of streaming clients, {args.max_tokens} tokens each, {args.repeats} repeats", "",
-           "| streams | tokens/s (spread) | batch loop tokens/s | efficiency | raw forward tokens/s | median TTFT ms "
-           "(batch loop) | p90 TTFT ms | bandwidth limit tokens/s | GPU busy % | stalls | errors |",
-           "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+           "| streams | tokens/s (spread) | batch loop tokens/s | efficiency | scheduler alone tokens/s | "
+           "raw forward tokens/s | median TTFT ms (batch loop / scheduler alone) | p90 TTFT ms | "
+           "bandwidth limit tokens/s | GPU busy % | stalls | errors |",
+           "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     parts = ["", "Where the scheduler thread spent each level (share of the time between the readings around it, "
              "and ms per decode "
              "step in parentheses), summed over its repeats, and the cores the server process (HTTP, templates, "
@@ -492,6 +498,8 @@ def chat_lines(target: Target, server: Server, args: argparse.Namespace, facts: 
         peak = ceiling.get(streams, {})
         loop, forward = peak.get("tokens_per_second"), peak.get("forward_tokens_per_second")
         ceiling_ttft = peak.get("median_ttft")
+        alone = next(iter(peak.get("scheduler", {}).values()), {})
+        alone_tps, alone_ttft = alone.get("tokens_per_second"), alone.get("median_ttft")
         median = statistics.median(rates)
         ttft = statistics.median(r.level.median_ttft for r in repeats)
         p90 = statistics.median(r.quantile_ttft(0.9) for r in repeats)
@@ -501,8 +509,10 @@ def chat_lines(target: Target, server: Server, args: argparse.Namespace, facts: 
         errors = sum(len(r.level.errors) for r in repeats)
         out.append(f"| {streams} | {median:,.0f} ({min(rates):,.0f}-{max(rates):,.0f}) | "
                    f"{f'{loop:,.0f}' if loop else 'n/a'} | {f'{median / loop:.0%}' if loop else 'n/a'} | "
+                   f"{f'{alone_tps:,.0f}' if alone_tps else 'n/a'} | "
                    f"{f'{forward:,.0f}' if forward else 'n/a'} | {ttft * 1000:,.0f} "
-                   f"({f'{ceiling_ttft * 1000:,.0f}' if ceiling_ttft is not None else 'n/a'}) | {p90 * 1000:,.0f} | "
+                   f"({f'{ceiling_ttft * 1000:,.0f}' if ceiling_ttft is not None else 'n/a'} / "
+                   f"{f'{alone_ttft * 1000:,.0f}' if alone_ttft is not None else 'n/a'}) | {p90 * 1000:,.0f} | "
                    f"{limit:,.0f} | {f'{statistics.mean(busy):.0f}' if busy else 'n/a'} | {stalls} of {len(repeats)} "
                    f"| {errors} |")
         parts.append("| " + " | ".join(breakdown_row(streams, clock, wall)) + " |")
