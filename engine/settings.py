@@ -29,6 +29,12 @@ PREFIX = "SWAMA_"
 # in one 4096-token chunk, Qwen3-0.6B shape).
 CPU_PREFILL_STEP = 512
 GPU_PREFILL_STEP = 4096
+# Decode steps a new prompt may wait, while rows generate, for more prompts to be read in the same
+# forward, by device: on a GPU a forward over one short prompt costs about what one over sixteen
+# does (the host launching its operations sets the time); on the CPU the arithmetic does, and a
+# wait only delays the first token.
+CPU_PREFILL_WAIT = 0
+GPU_PREFILL_WAIT = 4
 # The prompt cache, when --prompt-cache-bytes is not given: this fraction of physical memory, at most
 # PROMPT_CACHE_CAP bytes.
 PROMPT_CACHE_FRACTION = 0.10
@@ -112,6 +118,10 @@ class EngineSettings(StoreSettings):
         None, "prompt tokens read per step while other requests decode, so a long prompt does not stall the "
               "streams already running", metavar="TOKENS",
         default_text=f"{CPU_PREFILL_STEP} on the CPU, {GPU_PREFILL_STEP} on a GPU", ge=1)
+    prefill_wait: int | None = option(
+        None, "decode steps a new prompt may wait, while other requests generate, for more prompts to read in "
+              "the same prefill forward (fewer forwards when requests arrive one by one)", metavar="STEPS",
+        default_text=f"{CPU_PREFILL_WAIT} on the CPU, {GPU_PREFILL_WAIT} on a GPU", ge=0)
     speculative: str = option(
         "auto", "drafting in the batch: 'ngram' verifies continuations copied from the request's own text "
                 "(prompt lookup) whenever one is found, 'draft' the tokens --draft-model proposes, 'auto' both "

@@ -3,7 +3,13 @@ budget allows.
 
 A request joins with its prompt and a cache (fresh, or resumed from the prompt cache). Every turn
 `step()` runs at most one forward over a group of waiting prompts, at most `budget` tokens in all
-(rows x padded length), so decode steps between them keep the streams already running moving. A
+(rows x padded length), so decode steps between them keep the streams already running moving.
+While rows decode, a new group may wait up to `wait` turns for more prompts to read with (fewer than
+a forward's worth are waiting): requests arrive one by one, and on a GPU a forward over one prompt
+costs nearly what one over sixteen does (the host launching its operations sets the time), so
+reading each as it comes spent most of a burst's turns on prefill. The wait counts turns, not
+seconds, so the ranks of a split model, which run the same turns, decide alike. The forward is
+launched, not waited for: the decode step after it is built while the device reads the prompts. A
 prompt longer than its share is read in chunks over several turns; a group keeps its batched cache
 until every prompt in it is read. A prompt leaves with everything but its last token in its own
 cache: its first decode step feeds that token, as mlx-lm's batch does. Prompts read together leave
@@ -48,6 +54,7 @@ class Pending:
     cache: list[Any]
     done: int
     extra: Any = None  # what the caller needs once the prompt is read (its row's sampling and budget)
+    arrived: int = 0  # the admission's turn when it was added
 
     @property
     def left(self) -> int:
@@ -83,10 +90,13 @@ class Admission:
     budget: int  # tokens one prefill forward reads, over all its rows
     bucketed: bool  # shapes from a small set (a GPU), or exact (the CPU)
     max_rows: int = 64  # prompts one forward reads at most
+    wait: int = 0  # turns a prompt may wait for others to be read with while rows decode
     waiting: deque[Pending] = field(default_factory=deque)
     group: _Group | None = None
+    turns: int = 0
 
     def add(self, row: Pending) -> None:
+        row.arrived = self.turns
         self.waiting.append(row)
 
     def __len__(self) -> int:
@@ -122,16 +132,26 @@ class Admission:
             self.waiting.remove(r)
         return [Ready([r], r.cache, batched=False) for r in done]
 
-    def step(self) -> list[Ready]:
-        """One prefill forward of at most `budget` tokens; the prompts it finished."""
+    def step(self, decoding: bool = False) -> list[Ready]:
+        """One prefill forward of at most `budget` tokens; the prompts it finished. `decoding`: rows are
+        generating, so a group of fewer prompts than one forward reads may wait (`wait`)."""
+        self.turns += 1
         ready = self.ready_now()
-        if self.group is None and self.waiting:
+        if self.group is None and self.waiting and not (decoding and self._gathering()):
             self.group = self._form()
         if self.group is not None:
             ready += self._read(self.group)
             if not self.group.rows:
                 self.group = None
         return ready
+
+    def _gathering(self) -> bool:
+        """Whether the waiting prompts wait another turn for more to be read with: the oldest has waited
+        fewer than `wait` turns and less than one forward's worth of them waits."""
+        if self.turns - self.waiting[0].arrived > self.wait:
+            return False
+        tokens = sum(self._padded(r.left) for r in self.waiting)
+        return tokens < self.budget and len(self.waiting) < self.max_rows
 
     # -- one group ------------------------------------------------------------------------------------
 
@@ -181,7 +201,7 @@ class Admission:
         if any(padding):
             for c in group.cache:
                 c.finalize()
-        mx.eval([c.state for c in group.cache])
+        mx.async_eval([c.state for c in group.cache])
         for r, n in zip(rows, chunks, strict=True):
             r.done += n
         finished = [i for i, r in enumerate(rows) if r.left == 0]

@@ -243,6 +243,7 @@ class Engine(InstalledModels):
             model.beside.set(PromptCache, cache)  # the same cache for requests served alone
             scheduler = Scheduler(model, prompt_cache=cache, batching=self.settings.batching,
                                   rows=self.settings.batch_rows, prefill_step=self.settings.prefill_step,
+                                  prefill_wait=self.settings.prefill_wait,
                                   profile_dir=self.settings.profile_dir,
                                   speculation=speculation_of(self.settings),
                                   compiled_step=self.settings.compiled_step,

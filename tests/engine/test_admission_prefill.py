@@ -120,6 +120,33 @@ def test_gpu_prefill_shapes_come_from_a_small_set_whatever_the_prompts(tiny: Any
     assert len(shapes[False]) > 2 * len(shapes[True]), (len(shapes[False]), len(shapes[True]))
 
 
+def test_while_rows_decode_prompts_arriving_one_by_one_wait_to_be_read_together(tiny: Any) -> None:
+    """With a wait of 3 turns, prompts that arrive one a turn while rows decode are read in one forward
+    once the first has waited 3 turns; a forward's worth of them, or an idle batch, goes at once."""
+    recorder = Recorder(tiny.model)
+    admission = Admission(recorder, 512, True, max_rows=8, wait=3)
+    read: list[list[int]] = []
+    for turn in range(6):
+        if turn < 4:
+            admission.add(Pending(turn, [5 + turn] * 20, _fresh(tiny.model), 0))
+        read.append(sorted(row.rid for group in admission.step(decoding=True) for row in group.rows))
+    assert read == [[], [], [], [0, 1, 2, 3], [], []] and len(recorder.shapes) == 1
+
+    for rid in range(8):  # 8 rows of 32 padded tokens: max_rows waiting, read at once
+        admission.add(Pending(10 + rid, [7] * 20, _fresh(tiny.model), 0))
+    assert len(sum((g.rows for g in admission.step(decoding=True)), [])) == 8
+    admission.add(Pending(20, [9] * 20, _fresh(tiny.model), 0))
+    assert [r.rid for g in admission.step(decoding=False) for r in g.rows] == [20]  # nothing decodes: no wait
+    assert len(recorder.shapes) == 3
+
+
+def test_without_a_wait_every_turn_reads_what_waits(tiny: Any) -> None:
+    admission = Admission(tiny.model, 512, True, max_rows=8)
+    for rid in range(3):
+        admission.add(Pending(rid, [5 + rid] * 20, _fresh(tiny.model), 0))
+        assert [r.rid for g in admission.step(decoding=True) for r in g.rows] == [rid]
+
+
 @pytest.mark.parametrize("bucketed", [False, True])
 def test_prompts_read_together_give_the_logits_each_gives_alone(tiny: Any, bucketed: bool) -> None:
     prompts = _prompts(12, seed=7, longest=90)
