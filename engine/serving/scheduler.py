@@ -58,7 +58,13 @@ from swama.engine.serving.admission import ALIGN, Admission, Pending
 from swama.engine.serving.threads import THREADS, in_thread
 from swama.engine.serving.timing import TimedForward, TurnClock
 from swama.engine.serving.turn import DecisionBatch, DecisionPrefill, Insert, PromptScore, Turn
-from swama.engine.settings import CPU_PREFILL_STEP, GPU_PREFILL_STEP, default_of
+from swama.engine.settings import (
+    CPU_PREFILL_STEP,
+    CPU_PREFILL_WAIT,
+    GPU_PREFILL_STEP,
+    GPU_PREFILL_WAIT,
+    default_of,
+)
 from swama.engine.speculative.policy import Speculation, for_device
 from swama.engine.text.chat_prompt import Prompt
 from swama.engine.text.generator import (
@@ -88,6 +94,11 @@ DECISION_ROWS = 16  # decision questions scored in one batched pass between batc
 def default_prefill_step() -> int:
     """Prompt tokens read per step when --prefill-step is not given: the device's (engine/settings.py)."""
     return GPU_PREFILL_STEP if on_gpu() else CPU_PREFILL_STEP
+
+
+def default_prefill_wait() -> int:
+    """Decode steps a new prompt may wait for others when --prefill-wait is not given: the device's."""
+    return GPU_PREFILL_WAIT if on_gpu() else CPU_PREFILL_WAIT
 
 
 def batchable(model: LoadedModel) -> bool:
@@ -211,7 +222,7 @@ def _decode_and_put(tokens: list[tuple[_Job, int, str | None, Any, int]]) -> Non
 
 class Scheduler:
     def __init__(self, model: LoadedModel, *, prompt_cache: PromptCache | None, batching: bool = True,
-                 rows: int | None = None, prefill_step: int | None = None,
+                 rows: int | None = None, prefill_step: int | None = None, prefill_wait: int | None = None,
                  profile_dir: Path | None = None, speculation: Speculation | None = None,
                  draft: LoadedModel | None = None, compiled_step: str | None = None) -> None:
         self.model = model
@@ -228,6 +239,7 @@ class Scheduler:
         self.batching = batching and batchable(model)
         self.rows = (rows or default_of("batch_rows")) if self.batching else 1
         self.prefill_step = prefill_step or default_prefill_step()
+        self.prefill_wait = default_prefill_wait() if prefill_wait is None else prefill_wait
         # A device given more rows to generate for takes as many decision questions in one pass.
         self.decision_rows = max(DECISION_ROWS, rows or default_of("batch_rows"))
         # Tokens become text on the event loop on a GPU, so the thread that drives it does no text
@@ -260,6 +272,7 @@ class Scheduler:
         self._keys = 0
         self._forget: list[int] = []
         self._checksum = 0
+        self._keeping: list[tuple[list[Any], list[int]]] = []  # finished rows' caches on their way to the prompt cache
         self._running: concurrent.futures.Future[Any] | None = None  # the task running now
         self._thread: threading.Thread | None = None  # the thread running the loop, once it runs
         following = self.group is not None and self.group.rank != 0
@@ -501,6 +514,7 @@ class Scheduler:
                 log.exception("batch step failed on %s", self.model.id)
                 self._fail_all(Failed(f"Generation failed: {exc}", code="generation_failed"))
             if not self._active:
+                self._kept()
                 mx.clear_cache()  # idle again: hand the freed buffers back to the system
         if self.group is not None:
             self.group.end_step()
@@ -671,6 +685,7 @@ class Scheduler:
         if self._active:
             self._advance()
             if not self._active:
+                self._kept()
                 mx.clear_cache()
 
     def _settle(self, future: concurrent.futures.Future[None], error: BaseException | None) -> None:
@@ -721,7 +736,8 @@ class Scheduler:
                 make_batch = functools.partial(SlotBatch.on, decoder) if decoder is not None else None
                 self._gen = LeanGenerator(model, clock=self.clock, make_batch=make_batch, **options)
             self._eos = StopSequences([[t] for t in sorted(self.model.eos_ids)])
-            self._admission = Admission(self.model.model, self.prefill_step, self.bucketed, max_rows=self.rows)
+            self._admission = Admission(self.model.model, self.prefill_step, self.bucketed, max_rows=self.rows,
+                                        wait=self.prefill_wait)
         return self._gen
 
     def _insert(self, job: _Job, stream: Any, turn: Turn | None = None) -> None:
@@ -765,7 +781,7 @@ class Scheduler:
     def _admit_ready(self) -> None:
         """One prefill forward over waiting prompts; the prompts it finished join the generation batch."""
         with self.clock.part("prefill"):
-            ready = self._admission.step() if self._admission is not None else []
+            ready = self._admission.step(decoding=bool(self._uid_of)) if self._admission is not None else []
         for group in ready:
             rows = group.rows
             budgets, samplers, processors = zip(*(row.extra for row in rows), strict=True)
@@ -820,6 +836,7 @@ class Scheduler:
         done = time.perf_counter()
         timed = sum(self.clock.seconds[p] - before[p] for p in before)
         self.clock.add("batch", done - started - timed)
+        self._kept()  # post's, as is the rest of this
         self.clock.steps += 1
         by_sink: dict[int, tuple[Sink, list[Any]]] = {}
         if self.group is not None:
@@ -838,17 +855,26 @@ class Scheduler:
             drafted = self._drafted(r.uid, keep=r.finish_reason is None)
             by_sink.setdefault(id(job.sink), (job.sink, []))[1].append(
                 (job, token, r.finish_reason, job.read(token), drafted))
-        if kept and self.prompt_cache is not None:
-            import mlx.core as mx
-
-            mx.eval([c.state for cache, _ in kept if cache for c in cache])  # one wait for all of them
-            for entry in kept:
-                self._keep(entry)
         posted = time.perf_counter()
         self.clock.add("post", posted - done)
         for sink, tokens in by_sink.values():  # one wake-up of each event loop (or one message) per step
             sink.deliver(tokens)
-        self.clock.add("delivery", time.perf_counter() - posted)
+        delivered = time.perf_counter()
+        self.clock.add("delivery", delivered - posted)
+        if kept and self.prompt_cache is not None:
+            import mlx.core as mx
+
+            # Finished rows' caches go to the prompt cache next step, once the device has copied them
+            # out: waiting for the copies here would wait for the step already launched as well.
+            mx.async_eval([c.state for cache, _ in kept if cache for c in cache])
+            self._keeping += kept
+            self.clock.add("post", time.perf_counter() - delivered)
+
+    def _kept(self) -> None:
+        """The finished rows' caches copied out last step, into the prompt cache."""
+        keeping, self._keeping = self._keeping, []
+        for entry in keeping:
+            self._keep(entry)
 
     def _fail_all(self, error: EngineError) -> None:
         for job in self._active.values():
@@ -857,6 +883,7 @@ class Scheduler:
         self._active.clear()
         self._uid_of.clear()
         self._rid_of.clear()
+        self._keeping.clear()
         for job in self._new:
             job.post(error)
         self._new.clear()
