@@ -32,6 +32,12 @@ def _common_prefix(a: tuple[int, ...], b: list[int]) -> int:
     return i
 
 
+def _prefix_of(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Whether `a` is a prefix of `b` (compared in C; the last token first, where most part)."""
+    n = len(a)
+    return n <= len(b) and (n == 0 or a[-1] == b[n - 1]) and a == b[:n]
+
+
 def _prefix_copy(cache: list[Any], n: int) -> list[Any]:
     """New caches holding the first `n` positions: sliced arrays, so writes to one never reach the other."""
     from mlx_lm.models.cache import KVCache
@@ -55,6 +61,7 @@ class PromptCache:
     def __init__(self, budget: int) -> None:
         self.budget = budget
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
+        self._bytes = 0  # the entries' bytes
         self._next = 0
 
     def __len__(self) -> int:
@@ -62,8 +69,7 @@ class PromptCache:
 
     @property
     def nbytes(self) -> int:
-        # A snapshot first (one step under the GIL): /metrics reads this while the scheduler changes it.
-        return sum(e.nbytes for e in list(self._entries.values()))
+        return self._bytes
 
     def take(self, ids: list[int], multiple: int = 1) -> tuple[list[Any] | None, int]:
         """A cache holding the longest prefix of `ids` any entry shares (at most all but the last
@@ -73,7 +79,12 @@ class PromptCache:
         prompt gets a copy of the shared part."""
         best, best_len = None, 0
         for key, entry in self._entries.items():
-            shared = _common_prefix(entry.tokens, ids)
+            tokens = entry.tokens
+            # Only an entry sharing more than the best so far matters, and it matches at best_len: one
+            # comparison skips the rest (hundreds of entries that share a system prompt, then part).
+            if len(tokens) <= best_len or len(ids) <= best_len or tokens[best_len] != ids[best_len]:
+                continue
+            shared = _common_prefix(tokens, ids)
             if shared > best_len:
                 best, best_len = key, shared
         reuse = min(best_len, len(ids) - 1)
@@ -83,6 +94,7 @@ class PromptCache:
         entry = self._entries[best]
         if reuse == len(entry.tokens):
             del self._entries[best]
+            self._bytes -= entry.nbytes
             return entry.cache, reuse
         self._entries.move_to_end(best)
         return _prefix_copy(entry.cache, reuse), reuse
@@ -97,12 +109,14 @@ class PromptCache:
         # Evaluated now: a lazy slice of a batch's cache would keep the whole batch's arrays alive.
         mx.eval([c.state for c in cache])
         # An entry that is a prefix of the new one holds nothing the new one lacks.
-        for key in [k for k, e in self._entries.items() if _common_prefix(e.tokens, tokens) == len(e.tokens)]:
-            del self._entries[key]
-        self._entries[self._next] = _Entry(tuple(tokens), cache, nbytes)
+        held = tuple(tokens)
+        for key in [k for k, e in self._entries.items() if _prefix_of(e.tokens, held)]:
+            self._bytes -= self._entries.pop(key).nbytes
+        self._entries[self._next] = _Entry(held, cache, nbytes)
+        self._bytes += nbytes
         self._next += 1
-        while self.nbytes > self.budget:
-            self._entries.popitem(last=False)
+        while self._bytes > self.budget:
+            self._bytes -= self._entries.popitem(last=False)[1].nbytes
 
 
 def prompt_cache_of(model: LoadedModel) -> PromptCache | None:
