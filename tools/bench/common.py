@@ -231,6 +231,7 @@ class Server:
     stop_timeout: float = 15.0
     proc: subprocess.Popen[bytes] | None = None
     log: IO[bytes] | None = None
+    cpus: frozenset[int] | None = None  # the CPUs it (and the processes it starts) may run on: all when None
 
     @property
     def base_url(self) -> str:
@@ -238,8 +239,10 @@ class Server:
 
     def __enter__(self) -> Server:
         self.log = tempfile.NamedTemporaryFile(prefix=f"bench-{self.name}-", suffix=".log")
+        cpus = self.cpus
         self.proc = subprocess.Popen(list(self.argv), env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, cwd=REPO_ROOT)
+                                     stdin=subprocess.DEVNULL, cwd=REPO_ROOT,
+                                     preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         try:
             self.wait_ready()
         except BaseException:

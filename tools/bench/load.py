@@ -36,6 +36,11 @@ and a physical limit is printed beside each figure: decisions from the model's F
 matmul rate, chat from one read of the weights and the rows' key/value state per step at
 `--bandwidth` GB/s.
 
+Where the machine has 8 CPUs or more, the server and its engine process run on the first half of its
+physical cores (hyperthreads kept together) and this process and its clients on the rest
+(`--no-pin` shares them all): clients parsing tens of thousands of events a second would otherwise
+take turns with the thread that launches the device's work, which a deployment's remote clients do not.
+
 `--profile DIR` starts the server with `--profile-dir DIR`: the scheduler thread's cProfile is
 written when it stops, and its top entries are printed. `--swama-src DIR` runs the server from
 another checkout's package layout (DIR/swama/...), to compare two versions on one machine.
@@ -230,6 +235,28 @@ def profile_summary(folder: Path, top: int = 25) -> str:
     return f"Profile of {scope}, {total:.1f} s of Python time:\n\n" + "\n".join(rows)
 
 
+def core_split() -> tuple[frozenset[int], frozenset[int]] | None:
+    """This machine's CPUs in two sets of whole physical cores (a core's hyperthreads stay together):
+    the first half for the server and its engine, the rest for the clients; None under 8 CPUs."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 8:
+        return None
+    cores: dict[str, list[int]] = {}
+    for cpu in cpus:
+        try:
+            siblings = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text().strip()
+        except OSError:
+            siblings = str(cpu)
+        cores.setdefault(siblings, []).append(cpu)
+    groups = list(cores.values())
+    server = frozenset(c for group in groups[:len(groups) // 2] for c in group)
+    return server, frozenset(cpus) - server
+
+
+def cpu_list(cpus: frozenset[int]) -> str:
+    return ",".join(str(c) for c in sorted(cpus))
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     where = parser.add_mutually_exclusive_group()
@@ -250,6 +277,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ceiling-scheduler", default="auto",
                         help="compiled-step modes to run swama's scheduler alone with in the ceiling's process "
                              "(comma-separated; 'none' to skip)")
+    parser.add_argument("--no-pin", action="store_true",
+                        help="let the server and the clients share every CPU (by default they get separate cores)")
     parser.add_argument("--server-flags", default="", help="more `swama serve` flags, one string")
     parser.add_argument("--client-processes", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)),
                         help="processes the chat clients of a wave are spread over")
@@ -284,6 +313,10 @@ def main(argv: list[str] | None = None) -> int:
     tflops = matmul_tflops()
     lines = [f"## {args.label}: closed-loop load, {folder.name}", "",
              f"Command: `python -m tools.bench.load {shlex.join(argv if argv is not None else sys.argv[1:])}`", ""]
+    split = None if args.no_pin else core_split()
+    if split is not None:
+        lines += [f"The server and its engine process on CPUs {cpu_list(split[0])}, the clients on "
+                  f"{cpu_list(split[1])}.", ""]
     with temp_dir("bench-load-store-") as root:
         store = build_store(Path(root), folder, repo_id)
         # Every client of the largest level may wait for the model at once.
@@ -298,11 +331,15 @@ def main(argv: list[str] | None = None) -> int:
 
         def start(port: int) -> Server:
             cmd = [a.replace("{port}", str(port)) for a in argv_server]
-            return Server(args.label, cmd, port, "/v1/models", env=server_env(extra), start_timeout=900)
+            return Server(args.label, cmd, port, "/v1/models", env=server_env(extra), start_timeout=900,
+                          cpus=split[0] if split else None)
 
         target = Target(args.label, "", repo_id, start)
         text = ticket_text(args.input_tokens)
-        ceiling = run_ceiling(folder, args) if counts(args.chat) and not args.no_ceiling else {}
+        ceiling = run_ceiling(folder, args, split[0] if split else None) \
+            if counts(args.chat) and not args.no_ceiling else {}
+        if split is not None:
+            os.sched_setaffinity(0, split[1])  # this process's client threads and the client processes it starts
         with target.start(free_port()) as server:
             with httpx.Client(timeout=args.timeout) as http:  # loads the model, compiles the shapes once
                 http.post(server.base_url + "/v1/decisions", json=decision_body(repo_id, text, -1, 0)).raise_for_status()
@@ -341,14 +378,15 @@ def decision_lines(server: Server, model: str, text: str, args: argparse.Namespa
     return out + [""]
 
 
-def run_ceiling(folder: Path, args: argparse.Namespace) -> dict[int, dict[str, Any]]:
+def run_ceiling(folder: Path, args: argparse.Namespace, cpus: frozenset[int] | None = None) -> dict[int, dict[str, Any]]:
     """mlx-lm's batch loop and a raw forward alone on the folder, in their own process (tools.bench.ceiling)."""
     with tempfile.TemporaryDirectory(prefix="bench-ceiling-") as tmp:
         out = Path(tmp) / "ceiling.json"
         cmd = [sys.executable, "-m", "tools.bench.ceiling", "--model-dir", str(folder), "--rows", args.chat,
                "--max-tokens", str(args.max_tokens), "--rounds", str(args.ceiling_rounds), "--scheduler", args.ceiling_scheduler, "--json", str(out)]
         print("the ceiling: " + shlex.join(cmd[1:]), flush=True)
-        done = subprocess.run(cmd, env=server_env({"HF_HUB_OFFLINE": "1"}), timeout=args.timeout * 4)
+        done = subprocess.run(cmd, env=server_env({"HF_HUB_OFFLINE": "1"}), timeout=args.timeout * 4,
+                              preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         if done.returncode != 0 or not out.is_file():
             print(f"the ceiling run failed (exit {done.returncode}); levels are shown without it", flush=True)
             return {}
