@@ -480,6 +480,12 @@ def _wave_part(url: str, model: str, streams: list[int], max_tokens: int, timeou
     return samples, errors
 
 
+def _worker_ready(hold: float) -> int:
+    """A client process up, holding itself `hold` s so that the pool starts the next one meanwhile."""
+    time.sleep(hold)
+    return os.getpid()
+
+
 def run_wave(server: Server, model: str, streams: int, max_tokens: int, base: int, timeout: float,
              processes: int) -> Level:
     """N streams starting together, spread over client processes (one process's threads parsing every
@@ -490,7 +496,9 @@ def run_wave(server: Server, model: str, streams: int, max_tokens: int, base: in
     shares = [share for share in shares if share]
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(len(shares), mp_context=context) as pool:
-        pool.submit(time.sleep, 0).result()  # the workers are up before the clock starts
+        # Every worker up, this module imported in it, before the clock starts: the pool starts its
+        # processes on demand, and one started late begins its streams late, spreading the wave.
+        list(pool.map(_worker_ready, [0.5] * len(shares)))
         start_at = time.time() + 1.0
         futures = [pool.submit(_wave_part, server.base_url, model, share, max_tokens, timeout, start_at)
                    for share in shares]
