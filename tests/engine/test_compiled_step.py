@@ -230,3 +230,31 @@ def test_the_scheduler_generates_the_same_on_either_step(model: LoadedModel) -> 
         assert request.sampling.temperature == 0 or DTYPE != mx.float32, "seeded rows part in float32"
         gap = top_two_gap(model, prepare(model, request).ids + list(a.token_ids[:parted]))
         assert gap < NEAR_TIE, f"the steps part at token {parted} without a near-tie (gap {gap})"
+
+
+def test_a_row_finished_beside_others_resumes_its_next_turn_from_the_prompt_cache(tiny_model_dir: Path) -> None:
+    """A row that finishes while another still decodes leaves its cache, copied out of its slot and
+    handed to the prompt cache a step later; the conversation's next turn resumes from it and decodes
+    what it decodes alone."""
+    from swama.engine.text.prompt_cache import PromptCache
+
+    model = load_language_model("tiny", tiny_model_dir)
+    cache = PromptCache(1 << 28)
+
+    def ask(messages: list[dict], max_tokens: int) -> ChatRequest:
+        return ChatRequest(messages, sampling=Sampling(temperature=0), max_tokens=max_tokens, context_limit=2048)
+
+    async def turns(*requests: ChatRequest) -> list[tuple[str, object]]:
+        scheduler = Scheduler(model, prompt_cache=cache, rows=4, prefill_step=64, compiled_step="on")
+        try:
+            return await asyncio.gather(*(scheduled.collect(scheduler, r) for r in requests))
+        finally:
+            scheduler.close()
+
+    short = ask([{"role": "user", "content": "Hi"}], 6)
+    (answer, first), (_, other) = asyncio.run(turns(short, ask([{"role": "user", "content": "Tell a story."}], 40)))
+    assert len(first.token_ids) < len(other.token_ids)  # it finished while the other row decoded on
+    follow = ask([*short.messages, {"role": "assistant", "content": answer}, {"role": "user", "content": "More."}], 8)
+    [(_, resumed)] = asyncio.run(turns(follow))
+    assert resumed.cached_tokens >= len(prepare(model, short).ids)
+    assert resumed.token_ids == scheduled.alone(model, follow).token_ids
