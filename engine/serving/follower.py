@@ -22,6 +22,7 @@ def follow(settings: EngineSettings, model_id: str) -> None:
     model = load_model(installed.id, installed.path)
     budget = settings.prompt_cache_budget()
     scheduler = Scheduler(model, prompt_cache=PromptCache(budget) if budget > 0 else None, batching=True,
-                          rows=settings.batch_rows, prefill_step=settings.prefill_step, prefill_wait=settings.prefill_wait,
+                          rows=settings.batch_rows, prefill_step=settings.prefill_step,
+                          prefill_wait=settings.prefill_wait,
                           speculation=speculation_of(settings))
     scheduler.join()

@@ -514,7 +514,6 @@ class Scheduler:
                 log.exception("batch step failed on %s", self.model.id)
                 self._fail_all(Failed(f"Generation failed: {exc}", code="generation_failed"))
             if not self._active:
-                self._kept()
                 mx.clear_cache()  # idle again: hand the freed buffers back to the system
         if self.group is not None:
             self.group.end_step()
@@ -524,6 +523,8 @@ class Scheduler:
         self._admit_ready()
         if self._uid_of:
             self._step()
+        if not self._active:
+            self._kept()  # no step follows to hand over the caches the last one copied out
 
     def _per_request(self, exc: BaseException) -> None:
         """Let `exc` go to the requests it concerns; on a split model only the engine's own errors
@@ -685,7 +686,6 @@ class Scheduler:
         if self._active:
             self._advance()
             if not self._active:
-                self._kept()
                 mx.clear_cache()
 
     def _settle(self, future: concurrent.futures.Future[None], error: BaseException | None) -> None:
@@ -836,7 +836,7 @@ class Scheduler:
         done = time.perf_counter()
         timed = sum(self.clock.seconds[p] - before[p] for p in before)
         self.clock.add("batch", done - started - timed)
-        self._kept()  # post's, as is the rest of this
+        self._kept()  # last step's finished rows, copied out by now (timed as post, with the rest below)
         self.clock.steps += 1
         by_sink: dict[int, tuple[Sink, list[Any]]] = {}
         if self.group is not None:

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -218,6 +218,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def on_cpus(cpus: frozenset[int] | None) -> Callable[[], None] | None:
+    """A child process's `preexec_fn` that keeps it (and whatever it starts) on `cpus`; None for all."""
+    if not cpus:
+        return None
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
 @dataclass
 class Server:
     """A server child process: started on enter, stopped (terminate, then kill) on exit."""
@@ -239,10 +246,8 @@ class Server:
 
     def __enter__(self) -> Server:
         self.log = tempfile.NamedTemporaryFile(prefix=f"bench-{self.name}-", suffix=".log")
-        cpus = self.cpus
         self.proc = subprocess.Popen(list(self.argv), env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, cwd=REPO_ROOT,
-                                     preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+                                     stdin=subprocess.DEVNULL, cwd=REPO_ROOT, preexec_fn=on_cpus(self.cpus))
         try:
             self.wait_ready()
         except BaseException:

@@ -71,7 +71,7 @@ import httpx
 
 from swama.engine.serving.timing import PARTS
 from tools.bench.chat import Scenario, Target, request_body, sse_data, stream_chat
-from tools.bench.common import Server, build_store, free_port, server_env, temp_dir
+from tools.bench.common import Server, build_store, free_port, on_cpus, server_env, temp_dir
 from tools.bench.serving import TASK, Level, run_level
 
 QUESTIONS = 20
@@ -378,15 +378,17 @@ def decision_lines(server: Server, model: str, text: str, args: argparse.Namespa
     return out + [""]
 
 
-def run_ceiling(folder: Path, args: argparse.Namespace, cpus: frozenset[int] | None = None) -> dict[int, dict[str, Any]]:
+def run_ceiling(folder: Path, args: argparse.Namespace,
+                cpus: frozenset[int] | None = None) -> dict[int, dict[str, Any]]:
     """mlx-lm's batch loop and a raw forward alone on the folder, in their own process (tools.bench.ceiling)."""
     with tempfile.TemporaryDirectory(prefix="bench-ceiling-") as tmp:
         out = Path(tmp) / "ceiling.json"
         cmd = [sys.executable, "-m", "tools.bench.ceiling", "--model-dir", str(folder), "--rows", args.chat,
-               "--max-tokens", str(args.max_tokens), "--rounds", str(args.ceiling_rounds), "--scheduler", args.ceiling_scheduler, "--json", str(out)]
+               "--max-tokens", str(args.max_tokens), "--rounds", str(args.ceiling_rounds),
+               "--scheduler", args.ceiling_scheduler, "--json", str(out)]
         print("the ceiling: " + shlex.join(cmd[1:]), flush=True)
         done = subprocess.run(cmd, env=server_env({"HF_HUB_OFFLINE": "1"}), timeout=args.timeout * 4,
-                              preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+                              preexec_fn=on_cpus(cpus))
         if done.returncode != 0 or not out.is_file():
             print(f"the ceiling run failed (exit {done.returncode}); levels are shown without it", flush=True)
             return {}
