@@ -1,12 +1,12 @@
 """The compiled decode step (engine/text/compiled_step) gives mlx-lm's logits.
 
-Tiny random models of each family it serves (qwen3, qwen2, llama; dense and quantized) decode the
-same tokens through mlx-lm's forward, one row alone over its own `KVCache`, and through the traced
+Tiny random models of each family it serves (qwen3, qwen2, llama, and qwen3_5's hybrid of linear and
+full attention; dense and quantized) decode the same tokens through mlx-lm's forward, one row alone over its own `KVCache`, and through the traced
 step over fixed-capacity slots, while rows join and leave, the slots grow and shrink across their
 power-of-two buckets and a row outgrows the storage's capacity. On the CPU in float32 the logits
 agree to float32 rounding; in bfloat16 to a few of its rounding steps. Then the real engine: the
 scheduler with the compiled step on and off gives the same generations (greedy, seeded, with log
-probabilities and stop strings) on the tiny Qwen3 and on SmolLM2 (a llama).
+probabilities and stop strings) on the tiny Qwen3, the tiny Qwen3.5 hybrid and SmolLM2 (a llama).
 """
 
 from __future__ import annotations
@@ -19,18 +19,20 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 import scheduled
+from mlx_lm.models.cache import make_prompt_cache
 from precision import BF16_NEAR_TIE, DTYPE, parting, tol, top_two_gap
 
 from swama.engine.model import LoadedModel
 from swama.engine.serving.scheduler import Scheduler
 from swama.engine.settings import EngineSettings
 from swama.engine.text.compiled_step.attention import kernel_agrees, kernel_available
-from swama.engine.text.compiled_step.forward import DenseDecoder, why_not
+from swama.engine.text.compiled_step.forward import Decoder, why_not
 from swama.engine.text.compiled_step.policy import decoder_for
-from swama.engine.text.compiled_step.slots import STEP, SlotStore
+from swama.engine.text.compiled_step.slots import STEP
 from swama.engine.text.generator import ChatRequest, Sampling, prepare
 from swama.engine.text.grammar import Constraint
 from swama.engine.text.language import load_language_model
+from tools.testmodels.tiny import build_tiny_model
 
 pytestmark = pytest.mark.slow  # about 80 s in one process (the scheduler's runs on SmolLM2)
 
@@ -38,14 +40,23 @@ BOUND = tol(1e-4, 0.25)  # |logit difference|; bfloat16: four of its rounding st
 NEAR_TIE = tol(1e-3, BF16_NEAR_TIE)
 
 
-def tiny(family: str, quantized: bool = False, seed: int = 0) -> nn.Module:
-    from mlx_lm.models import llama, qwen2, qwen3
+def tiny(family: str, quantized: bool = False, seed: int = 0, experts: int = 0) -> nn.Module:
+    from mlx_lm.models import llama, qwen2, qwen3, qwen3_5
 
     mx.random.seed(seed)
     common = dict(model_type=family, hidden_size=256, num_hidden_layers=2, intermediate_size=256,
                   num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, vocab_size=320,
                   rope_theta=10000.0)
-    if family == "qwen3":
+    if family == "qwen3_5":  # linear, full, linear, full: a gated delta net and gated attention
+        text = {**common, "num_hidden_layers": 4, "head_dim": 64, "full_attention_interval": 2,
+                "linear_num_value_heads": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 32,
+                "linear_value_head_dim": 32, "tie_word_embeddings": False, "max_position_embeddings": 4096,
+                "num_experts": experts, "num_experts_per_tok": 2 if experts else 0,
+                "moe_intermediate_size": 64, "shared_expert_intermediate_size": 64,
+                "rope_parameters": {"type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}}
+        del text["rope_theta"]
+        model = qwen3_5.Model(qwen3_5.ModelArgs.from_dict(text))
+    elif family == "qwen3":
         model = qwen3.Model(qwen3.ModelArgs(**common, head_dim=64, max_position_embeddings=4096,
                                             tie_word_embeddings=False))
     elif family == "qwen2":
@@ -63,24 +74,21 @@ class Reference:
     """Rows decoded by mlx-lm alone, one `KVCache` list each, and in the slots of a `SlotStore`."""
 
     def __init__(self, model: nn.Module) -> None:
-        from mlx_lm.models.cache import KVCache
-
-        self.model, self.kv = model, KVCache
-        self.decoder = DenseDecoder(model)
-        self.store = SlotStore(len(model.layers), self.decoder.kv_heads, self.decoder.head_dim)
+        self.model = model
+        self.decoder = Decoder(model)
+        self.store = self.decoder.new_store()
         self.rows: dict[int, tuple[list[object], int]] = {}  # slot -> (its own caches, next token)
         self.worst = 0.0
 
     def join(self, prompts: list[list[int]]) -> None:
         """Prompts prefilled together, left-padded as the batch prefills them, joining the slots."""
-        from mlx_lm.models.cache import BatchKVCache
-
         width = max(len(p) - 1 for p in prompts)
         pads = [width - (len(p) - 1) for p in prompts]
-        batch = [BatchKVCache(pads) for _ in self.model.layers]
-        mx.eval(self.model(mx.array([[0] * d + p[:-1] for d, p in zip(pads, prompts, strict=True)]), cache=batch))
+        batch = self.decoder.batch_cache(pads)
+        if width:
+            mx.eval(self.model(mx.array([[0] * d + p[:-1] for d, p in zip(pads, prompts, strict=True)]), cache=batch))
         for slot, prompt in zip(self.store.adopt(batch), prompts, strict=True):
-            own = [self.kv() for _ in self.model.layers]
+            own = make_prompt_cache(self.model)
             if len(prompt) > 1:
                 self.model(mx.array([prompt[:-1]]), cache=own)
             self.rows[slot] = (own, prompt[-1])
@@ -101,8 +109,8 @@ class Reference:
         tokens = [0] * s.slots
         for slot, (_, token) in self.rows.items():
             tokens[slot] = token
-        logits, s.keys, s.values = self.decoder.step(mx.array(tokens, dtype=mx.uint32), mx.array(s.starts),
-                                                     mx.array(s.ends), s.keys, s.values)
+        logits, s.keys, s.values, s.states = self.decoder.step(mx.array(tokens, dtype=mx.uint32), mx.array(s.starts),
+                                                               mx.array(s.ends), s.keys, s.values, s.states)
         for slot, (own, token) in list(self.rows.items()):
             s.ends[slot] += 1
             alone = self.model(mx.array([[token]]), cache=own)[0, -1]
@@ -111,8 +119,7 @@ class Reference:
             self.rows[slot] = (own, int(mx.argmax(alone).item()))
 
 
-@pytest.mark.parametrize("family,quantized", [("qwen3", False), ("qwen2", False), ("llama", False),
-                                              ("qwen3", True), ("qwen2", True), ("llama", True)])
+@pytest.mark.parametrize("family,quantized", [(f, q) for q in (False, True) for f in ("qwen3", "qwen2", "llama", "qwen3_5")])
 def test_step_matches_mlx_lm_while_rows_come_and_go(family: str, quantized: bool) -> None:
     model = tiny(family, quantized)
     assert why_not(model) is None
@@ -138,7 +145,7 @@ def test_step_matches_mlx_lm_while_rows_come_and_go(family: str, quantized: bool
 @pytest.mark.parametrize("heads,kv_heads,dim", [(4, 2, 64), (16, 8, 128), (32, 8, 128)])
 def test_the_span_attention_kernel_agrees_with_mlx(heads: int, kv_heads: int, dim: int) -> None:
     assert kernel_agrees(heads, kv_heads, dim, DTYPE) is None
-    assert DenseDecoder(tiny("qwen3")).kernel  # the models above decode through it on a GPU
+    assert Decoder(tiny("qwen3")).kernel  # the models above decode through it on a GPU
 
 
 def test_a_row_outgrows_the_capacity() -> None:
@@ -157,19 +164,22 @@ def test_fusion_leaves_the_plain_forward_as_it_was() -> None:
     tokens = mx.array([[3, 1, 4, 1, 5, 9, 2, 6]])
     before = model(tokens)
     mx.eval(before)
-    DenseDecoder(model)
+    Decoder(model)
     attn = model.layers[0].self_attn
     assert attn.q_proj.weight.shape == (256, 256) and attn.k_proj.weight.shape == (128, 256)
     assert mx.array_equal(model(tokens), before).item()
 
 
-def test_models_it_does_not_cover_keep_mlx_lms_forward(tiny_hybrid_dir: Path) -> None:
-    hybrid = load_language_model("tiny-hybrid", tiny_hybrid_dir)
-    assert "qwen3_5" in (why_not(hybrid.model) or "")
-    assert decoder_for(hybrid, "on", on_gpu=True) is None
+def test_models_it_does_not_cover_keep_mlx_lms_forward(smollm2_dir: Path, tiny_hybrid_dir: Path, tmp_path: Path) -> None:
+    gemma = load_language_model("tiny-gemma3", build_tiny_model(smollm2_dir, tmp_path / "gemma3", arch="gemma3_text"))
+    assert "gemma3" in (why_not(gemma.model) or "")
+    assert decoder_for(gemma, "on", on_gpu=True) is None
+    assert "mixture of experts" in (why_not(tiny("qwen3_5", experts=4)) or "")
     model = tiny("qwen3")
     model.layers[1].mlp.up_proj = nn.Linear(256, 256, bias=True)  # no longer fusable with the gate
     assert "projections" in (why_not(model) or "")
+    hybrid = load_language_model("tiny-hybrid", tiny_hybrid_dir)  # as a store loads it: covered
+    assert decoder_for(hybrid, "on", on_gpu=True) is not None
 
 
 def test_the_mode_is_checked() -> None:
@@ -184,9 +194,9 @@ PROMPTS = ["Write a haiku about rivers.", "List three prime numbers.", "What is 
            "Tell me a short story about a cat who learns to swim in the sea.", "Hi", "Explain rain to a child."]
 
 
-@pytest.fixture(scope="module", params=["tiny", "smollm2"])
-def model(request: pytest.FixtureRequest, tiny_model_dir: Path, smollm2_dir: Path) -> LoadedModel:
-    folder = tiny_model_dir if request.param == "tiny" else smollm2_dir
+@pytest.fixture(scope="module", params=["tiny", "hybrid", "smollm2"])
+def model(request: pytest.FixtureRequest, tiny_model_dir: Path, tiny_hybrid_dir: Path, smollm2_dir: Path) -> LoadedModel:
+    folder = {"tiny": tiny_model_dir, "hybrid": tiny_hybrid_dir, "smollm2": smollm2_dir}[request.param]
     return load_language_model(request.param, folder)
 
 

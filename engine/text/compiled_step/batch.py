@@ -1,5 +1,5 @@
 """The generation batch on the compiled step: `LeanBatch` (engine/text/decode_step.py) with its rows
-in the slots of a `SlotStore` and its forward the `DenseDecoder`'s trace.
+in the slots of a `SlotStore` and its forward the `Decoder`'s trace.
 
 Everything after the logits is the lean batch's own: logits processors (structured output, log
 probabilities, penalties, thinking budgets), per-row samplers, stops and token limits see the rows'
@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from swama.engine.text.compiled_step.forward import DenseDecoder
+from swama.engine.text.compiled_step.forward import Decoder
 from swama.engine.text.compiled_step.slots import SlotStore, slot_bucket
 from swama.engine.text.decode_step import LeanBatch
 
@@ -32,20 +32,19 @@ class _StorageView:
 
 
 class SlotBatch(LeanBatch):
-    decoder: DenseDecoder
+    decoder: Decoder
     store: SlotStore
     slot_of: list[int]
 
     @classmethod
-    def on(cls, decoder: DenseDecoder, model: Any, sampler: Any) -> SlotBatch:
+    def on(cls, decoder: Decoder, model: Any, sampler: Any) -> SlotBatch:
         batch = cls.empty(model, sampler)
         batch.decoder = decoder
         batch._fresh_store()
         return batch
 
     def _fresh_store(self) -> None:
-        d = self.decoder
-        self.store = SlotStore(len(d.layers), d.kv_heads, d.head_dim)
+        self.store = self.decoder.new_store()
         self.slot_of = []
         self.prompt_cache = [_StorageView(self.store)]
 
@@ -85,9 +84,9 @@ class SlotBatch(LeanBatch):
                 row_at[s] = i
             tokens = fed[mx.array(row_at, dtype=mx.int32)]
         started = time.perf_counter()
-        logits, store.keys, store.values = self.decoder.step(
+        logits, store.keys, store.values, store.states = self.decoder.step(
             tokens, mx.array(store.starts, dtype=mx.int32), mx.array(store.ends, dtype=mx.int32),
-            store.keys, store.values)
+            store.keys, store.values, store.states)
         if self.clock is not None:
             self.clock.add("graph", time.perf_counter() - started)
         for s in slots:

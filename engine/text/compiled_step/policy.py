@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass
 
 from swama.engine.model import LoadedModel
-from swama.engine.text.compiled_step.forward import DenseDecoder, why_not
+from swama.engine.text.compiled_step.forward import Decoder, why_not
 
 log = logging.getLogger("swama.engine")
 
@@ -21,10 +21,10 @@ log = logging.getLogger("swama.engine")
 class _Decoder:
     """Kept beside a model: its compiled step (fused once), or None where it has none."""
 
-    decoder: DenseDecoder | None
+    decoder: Decoder | None
 
 
-def decoder_for(model: LoadedModel, mode: str, on_gpu: bool) -> DenseDecoder | None:
+def decoder_for(model: LoadedModel, mode: str, on_gpu: bool) -> Decoder | None:
     if mode == "off" or (mode == "auto" and not on_gpu):
         return None
 
@@ -33,6 +33,6 @@ def decoder_for(model: LoadedModel, mode: str, on_gpu: bool) -> DenseDecoder | N
         if reason is not None:
             log.info("%s decodes with mlx-lm's forward: %s", model.id, reason)
             return _Decoder(None)
-        return _Decoder(DenseDecoder(model.model))
+        return _Decoder(Decoder(model.model))
 
     return model.beside.setdefault(_Decoder, make).decoder
