@@ -81,9 +81,11 @@ class MlxLm(Side):
 
     def start(self, rows: int, context: int) -> Any:
         import mlx.core as mx
-        from mlx_lm.models.cache import BatchKVCache
+        from mlx_lm.models.cache import make_prompt_cache
 
-        self.cache = [BatchKVCache([0] * rows) for _ in self.model.layers]
+        # One batch cache a layer, as the admission merges them (a hybrid's linear layers too).
+        own = [make_prompt_cache(self.model) for _ in range(rows)]
+        self.cache = [layer.merge([c[i] for c in own]) for i, layer in enumerate(own[0])]
         prompt = mx.random.randint(0, 1000, (rows, context))
         mx.eval(self.model(prompt, cache=self.cache))
         return mx.zeros((rows,), dtype=mx.uint32)
@@ -96,21 +98,18 @@ class MlxLm(Side):
 
 class Compiled(Side):
     def __init__(self, model: Any, attention: str) -> None:
-        from swama.engine.text.compiled_step.forward import DenseDecoder
+        from swama.engine.text.compiled_step.forward import Decoder
 
-        self.decoder = DenseDecoder(model, attention)
+        self.decoder = Decoder(model, attention)
         self.name = f"compiled, {attention}"
 
     def start(self, rows: int, context: int) -> Any:
         import mlx.core as mx
-        from mlx_lm.models.cache import BatchKVCache
-
-        from swama.engine.text.compiled_step.slots import SlotStore
 
         d = self.decoder
-        cache = [BatchKVCache([0] * rows) for _ in d.layers]
+        cache = d.batch_cache([0] * rows)
         mx.eval(d.model(mx.random.randint(0, 1000, (rows, context)), cache=cache))
-        self.store = SlotStore(len(d.layers), d.kv_heads, d.head_dim, cache[0].keys.dtype)
+        self.store = d.new_store()
         self.store.adopt(cache)
         return mx.zeros((self.store.slots,), dtype=mx.uint32)
 
@@ -119,7 +118,8 @@ class Compiled(Side):
 
         s = self.store
         s.ensure(s.occupied(), max(s.ends) + 1)
-        logits, s.keys, s.values = self.decoder.step(tokens, mx.array(s.starts), mx.array(s.ends), s.keys, s.values)
+        logits, s.keys, s.values, s.states = self.decoder.step(tokens, mx.array(s.starts), mx.array(s.ends), s.keys,
+                                                               s.values, s.states)
         s.ends = [e + 1 if u else e for e, u in zip(s.ends, s.used, strict=True)]
         return mx.argmax(logits, axis=-1).astype(mx.uint32)
 

@@ -52,15 +52,15 @@ from typing import Any
 
 TITLE = "NVIDIA GPU: prefill, decode and decisions against transformers"
 LIVE_TITLE = "NVIDIA GPU: live serving of concurrent streaming clients"
-SHAPES = ("tiny", "qwen3-0.6b", "qwen3-4b", "qwen3-14b", "qwen3-32b")
+SHAPES = ("tiny", "qwen3-0.6b", "qwen3-4b", "qwen3-14b", "qwen3-32b", "qwen3.5-0.8b")
 PARTS = ("matmul", "prefill", "decode", "decisions", "live")
 DEFAULT_SHAPES = ["qwen3-0.6b", "qwen3-4b"]
 DEFAULT_PARTS = ["matmul", "prefill", "decode", "decisions"]
 NAMES = {"tiny": "tiny Qwen3", "qwen3-0.6b": "Qwen3-0.6B shape", "qwen3-4b": "Qwen3-4B shape",
-         "qwen3-14b": "Qwen3-14B shape", "qwen3-32b": "Qwen3-32B shape"}
+         "qwen3-14b": "Qwen3-14B shape", "qwen3-32b": "Qwen3-32B shape", "qwen3.5-0.8b": "Qwen3.5-0.8B shape"}
 REPO_IDS = {"tiny": "bench/tiny-qwen3-random", "qwen3-0.6b": "bench/Qwen3-0.6B-random",
             "qwen3-4b": "bench/Qwen3-4B-random", "qwen3-14b": "bench/Qwen3-14B-random",
-            "qwen3-32b": "bench/Qwen3-32B-random"}
+            "qwen3-32b": "bench/Qwen3-32B-random", "qwen3.5-0.8b": "bench/Qwen3.5-0.8B-random"}
 DECISION_INPUT_TOKENS = 1000
 TARGET_QPS = 1000.0
 TARGET_SPEEDUP = 5.0

@@ -16,7 +16,7 @@ text goes through espeak-ng phonemes, not a tokenizer) and ships a voices file w
 the display-name aliases the real checkpoint's config carries. Its weights are scaled down, since
 unscaled random weights overflow in the vocoder and the audio comes out as NaN.
 
-Shaped architectures (`qwen3-0.6b`, `qwen3-4b`) are not tiny: they have the exact shapes of the real
+Shaped architectures (`qwen3-0.6b`, `qwen3-4b`, `qwen3.5-0.8b`, ...) are not tiny: they have the exact shapes of the real
 checkpoints (layers, widths, heads, the 151,936-token vocabulary), random bfloat16 weights and a
 config transformers loads as well as mlx-lm, for measuring speed at the sizes people serve. The
 donor's tokenizer covers only the first rows of the vocabulary; the embedding rows past it are zero,
@@ -343,6 +343,32 @@ SHAPED_CONFIGS["qwen3-32b"] = {
     "num_attention_heads": 64,
     "max_window_layers": 64,
 }
+# Qwen3.5's small dense hybrid at the 0.8B's published shape: three gated delta net (linear
+# attention) layers to each full-attention one, 16 heads of 128 in the linear layers, gated attention
+# with 8 query heads of 256 over 2 key/value heads, the 248,320-token vocabulary. mlx-lm loads it;
+# transformers' comparison in tools/bench/gpu.py does not take it.
+SHAPED_CONFIGS["qwen3.5-0.8b"] = {
+    "model_type": "qwen3_5",
+    "architectures": ["Qwen3_5ForCausalLM"],
+    "hidden_size": 1024,
+    "intermediate_size": 3584,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 256,
+    "linear_num_value_heads": 16,
+    "linear_num_key_heads": 16,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "full_attention_interval": 4,
+    "vocab_size": 248320,
+    "max_position_embeddings": 262144,
+    "rms_norm_eps": 1e-6,
+    "rope_parameters": {"type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25},
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+}
 # Small enough that 36 random layers keep the logits finite and moderate in bfloat16.
 SHAPED_WEIGHT_STD = 0.02
 
@@ -457,8 +483,10 @@ def _build_shaped_model(donor_dir: Path, dest: Path, arch: str) -> Path:
         return dest
     dest.mkdir(parents=True, exist_ok=True)
     config_path.unlink(missing_ok=True)  # written last: a folder with a config is complete
-    live = {"model.embed_tokens.weight": config["tokenizer_vocab_size"]} if config["tie_word_embeddings"] else {}
-    write_random_safetensors(dest / "model.safetensors", parameter_shapes(config), live_rows=live)
+    shapes = parameter_shapes(config)
+    embeddings = next(name for name in shapes if name.endswith("embed_tokens.weight"))
+    live = {embeddings: config["tokenizer_vocab_size"]} if config["tie_word_embeddings"] else {}
+    write_random_safetensors(dest / "model.safetensors", shapes, live_rows=live)
     for name in REQUIRED_DONOR_FILES + OPTIONAL_DONOR_FILES:
         if (donor_dir / name).is_file():
             shutil.copyfile(donor_dir / name, dest / name)
