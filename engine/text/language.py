@@ -9,6 +9,7 @@ from swama.engine.model import LoadedModel, cast_for_device, eos_ids_of
 from swama.engine.ranks import group as ranks
 from swama.engine.ranks import sharding
 from swama.engine.runtime import on_gpu
+from swama.engine.text import gated_delta_cuda
 from swama.engine.text.cpu_forward import install as install_cpu_forward
 
 
@@ -25,6 +26,8 @@ def load_language_model(model_id: str, path: Path) -> LoadedModel:
     cast_for_device(model)
     if not on_gpu():
         install_cpu_forward(model)
+    else:
+        gated_delta_cuda.install()
     config = json.loads((path / "config.json").read_text())
     loaded = LoadedModel(model_id, path, model, tokenizer, config, eos_ids_of(path, tokenizer))
     loaded.beside.set(ranks.RankGroup, group if split else None)

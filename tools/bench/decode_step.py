@@ -35,7 +35,10 @@ def build(shape: str) -> Any:
     from mlx_lm.utils import _get_classes
 
     from swama.engine.runtime import compute_dtype
+    from swama.engine.text import gated_delta_cuda
     from tools.testmodels.tiny import shaped_config
+
+    gated_delta_cuda.install()  # as a loaded model has it: both sides' linear layers take the kernel on CUDA
 
     config = shaped_config(shape)
     model_cls, args_cls = _get_classes(config)
