@@ -128,7 +128,7 @@ class EngineSettings(StoreSettings):
                 "(the draft model where lookup finds nothing) only while a row's acceptance pays for the wider "
                 "pass, on the CPU (on a GPU auto is off: measured slower there), 'off' decodes one token per step", choices=SPECULATIVE_MODES, metavar="MODE")
     compiled_step: str = option(
-        "auto", "the batch's decode step for qwen3, qwen2 and llama models: 'on' runs one traced, compiled step "
+        "auto", "the batch's decode step for qwen3, qwen2, llama and qwen3_5 models: 'on' runs one traced, compiled step "
                 "over fixed-capacity key/value storage with fused projections, 'off' mlx-lm's forward, 'auto' the "
                 "compiled step on a GPU (where launching operations, not arithmetic, sets a step's time) and "
                 "mlx-lm's forward on the CPU", choices=COMPILED_STEP_MODES, metavar="MODE")
