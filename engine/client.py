@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from swama.engine.decisions.adjust.defaults import NO_DEFAULTS, Defaults, model_defaults
 from swama.engine.decisions.adjust.fit import (
     ReliabilityBin,
     accuracy,
@@ -39,7 +40,13 @@ from swama.engine.decisions.adjust.methods import (
     Debias,
 )
 from swama.engine.decisions.adjust.plan import floored_logs, order_shifts, position_prior, shifted
-from swama.engine.decisions.adjust.store import CalibrationFile, Prior, read_calibration, write_calibration
+from swama.engine.decisions.adjust.store import (
+    CalibrationCache,
+    CalibrationFile,
+    Prior,
+    read_calibration,
+    write_calibration,
+)
 from swama.engine.decisions.checkpoints import CheckpointResult
 from swama.engine.decisions.decide import DecisionJob, DecisionResult
 from swama.engine.decisions.scorer import (
@@ -141,8 +148,10 @@ __all__ = [
     "OUT_OF_RANGE",
     "SAMPLE_RATE", "SPEECH_TO_TEXT", "TEXT_TO_SPEECH", "VISION",
     # types and errors
-    "Adjustment", "AliasEntry", "Applied", "BadInput", "Busy", "Calibration", "CalibrationFile", "Cancelled", "ChatRequest", "CheckpointResult", "Constraint", "ContextTooLong",
-    "Debias", "DecisionError", "DecisionJob", "DecisionResult", "Embeddings", "EngineClient", "EngineError",
+    "NO_DEFAULTS",
+    "Adjustment", "AliasEntry", "Applied", "BadInput", "Busy", "Calibration", "CalibrationCache", "CalibrationFile",
+    "Cancelled", "ChatRequest", "CheckpointResult", "Constraint", "ContextTooLong",
+    "Debias", "Defaults", "DecisionError", "DecisionJob", "DecisionResult", "Embeddings", "EngineClient", "EngineError",
     "EngineSettings", "EngineStatus", "Event", "Finished", "InstalledModel", "LoadFailed", "Logprobs",
     "ModelFileError",
     "ModelFiles", "NotFound", "Prior", "QuestionKind", "QuestionView", "ReasoningDelta", "RuntimeSettings", "Sampling", "ScoredAnswer",
@@ -151,7 +160,7 @@ __all__ = [
     "Transcript", "TranscriptSegment", "Unavailable", "Voices", "WrongModel",
     # functions
     "check_choice_option_names", "choice_options_message", "decision_choice_view", "decision_score_view",
-    "default_of", "effort", "env_of", "flag_of", "model_files", "noul_view", "open_engine", "option", "predicate_view",
+    "default_of", "effort", "env_of", "flag_of", "model_defaults", "model_files", "noul_view", "open_engine", "option", "predicate_view",
     "prepare_process", "read", "read_calibration", "render_text", "require", "startup_note", "systemone_choice_view",
     "systemone_score_view", "write_calibration",
     # decision calibration: fitting and measuring it (swama calibrate)

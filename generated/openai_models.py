@@ -4918,10 +4918,38 @@ class SummaryTextContentType(StrEnum):
     summary_text = "summary_text"
 
 
+class SwamaDecisionDefaults(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    debias: SwamaDecisionDefaultsDebias
+    calibration: SwamaDecisionDefaultsCalibration
+    source: SwamaDecisionDefaultsSource
+
+
+class SwamaDecisionDefaultsCalibration(StrEnum):
+    none = "none"
+    contextual = "contextual"
+    fitted = "fitted"
+
+
+class SwamaDecisionDefaultsDebias(StrEnum):
+    none = "none"
+    permute = "permute"
+    prior = "prior"
+
+
+class SwamaDecisionDefaultsSource(StrEnum):
+    model = "model"
+    server = "server"
+    none = "none"
+
+
 class SwamaModelMetadata(BaseModel):
     name: StrictStr
     description: StrictStr
     release_date: date
+    x_decision_defaults: SwamaDecisionDefaults | None = None
 
 
 class TextResponseFormatJsonSchema(BaseModel):

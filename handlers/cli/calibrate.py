@@ -382,7 +382,7 @@ def _merged(base: CalibrationFile, temperatures: dict[str, dict[str, float]], pr
             report: dict[str, Any]) -> CalibrationFile:
     """`base` with this run's methods replaced and everything else kept."""
     merged = CalibrationFile(PROMPT_FORMAT_VERSION, {**base.temperatures, **temperatures},
-                             {**base.priors, **priors}, dict(base.report))
+                             {**base.priors, **priors}, dict(base.report), dict(base.defaults))
     if report:
         methods = {**merged.report.get("held_out", {}), **report.pop("held_out", {})}
         merged.report.update(report)
@@ -406,7 +406,8 @@ def _report_json(measures: Sequence[Measure], methods: Sequence[str]) -> dict[st
 
 async def calibrate(engine: EngineClient, model_id: str, records: Sequence[Record], *, holdout: float = 0.3,
                     seed: int = 0, debias: Sequence[str] = ("none",), per_option_count: bool = False,
-                    context_limit: int = DEFAULT_CONTEXT_LIMIT, progress: bool = False) -> CalibrationReport:
+                    context_limit: int = DEFAULT_CONTEXT_LIMIT, progress: bool = False,
+                    default_debias: str | None = None) -> CalibrationReport:
     """Fit and measure the decision calibration of `model_id` on `records`, and write it into the
     model's folder (keeping what the file holds for other methods and option counts).
 
@@ -414,11 +415,15 @@ async def calibrate(engine: EngineClient, model_id: str, records: Sequence[Recor
     `per_option_count`) fitted on the fit set; for "prior", positional priors per option count first
     (from the fit set's choice questions under every cyclic shift), written before the examples are
     answered with them. The held-out set is measured plain, with each method, with its fitted
-    temperature and with contextual calibration."""
+    temperature and with contextual calibration. `default_debias` (one of `debias`): questions on
+    this model that name no debiasing or calibration get that method with the fitted temperature."""
     methods = list(dict.fromkeys(debias))
     unknown = [m for m in methods if m not in DEBIAS_METHODS]
     if unknown or not methods:
         raise ValueError(f"debiasing methods are {', '.join(DEBIAS_METHODS)}, not {', '.join(unknown) or 'none'}")
+    if default_debias is not None and default_debias not in methods:
+        raise ValueError(f"--default-debias {default_debias} is not calibrated by this run (--debias "
+                         f"{' '.join(methods)}): add it to --debias")
     fit, held = split(records, holdout, seed, per_option_count=per_option_count)
     folder = engine.model(model_id).path
     try:
@@ -506,7 +511,10 @@ async def calibrate(engine: EngineClient, model_id: str, records: Sequence[Recor
     report = {"examples": len(records), "fit": len(fit), "held_out_examples": len(held), "seed": seed,
               "holdout": holdout, "per_option_count": per_option_count,
               "held_out": _report_json(measures, methods)}
-    path = write_calibration(folder, _merged(base, temperatures, priors, report))
+    merged = _merged(base, temperatures, priors, report)
+    if default_debias is not None:
+        merged.defaults = {"debias": default_debias, "calibration": "fitted"}
+    path = write_calibration(folder, merged)
     return CalibrationReport(model_id, path, len(records), len(fit), len(held), seed, temperatures, priors,
                              measures, answers, gold, kinds, notes)
 
@@ -594,6 +602,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     cal.add_argument("--seed", type=int, default=0, help="the seed of the held-out split (default 0)")
     cal.add_argument("--debias", nargs="+", choices=DEBIAS_METHODS, default=["none"], metavar="METHOD",
                      help=f"the x_debias methods to calibrate for, any of {', '.join(DEBIAS_METHODS)} (default none)")
+    cal.add_argument("--default-debias", choices=DEBIAS_METHODS, default=None, metavar="METHOD",
+                     help="make METHOD (one of --debias) with the fitted calibration what this model's decision "
+                          "questions get when they name no x_debias or x_calibration (a running server picks it up; "
+                          "/v1/models shows it)")
     cal.add_argument("--per-option-count", action="store_true",
                      help=f"also fit a temperature per option count of choice and score questions (with at least "
                           f"{MIN_FIT_PER_COUNT} examples to fit)")
@@ -618,7 +630,8 @@ async def _in_process(args: argparse.Namespace, records: list[Record], model: st
         installed = engine.model_for(model, Task.DECIDE)
         report = await calibrate(engine, installed.id, records, holdout=args.holdout, seed=args.seed,
                                  debias=args.debias, per_option_count=args.per_option_count,
-                                 context_limit=settings.context_limit, progress=True)
+                                 context_limit=settings.context_limit, progress=True,
+                                 default_debias=args.default_debias)
     except ScoringError as exc:
         print(f"error: {Path(args.data).name} {exc.message}", file=sys.stderr)
         return 2
@@ -642,6 +655,10 @@ async def _in_process(args: argparse.Namespace, records: list[Record], model: st
 def calibrate_command(args: argparse.Namespace) -> int:
     if not 0 <= args.holdout < 1:
         print(f"error: --holdout must be at least 0 and below 1, not {args.holdout:g}", file=sys.stderr)
+        return 2
+    if args.default_debias is not None and args.default_debias not in args.debias:
+        print(f"error: --default-debias {args.default_debias} is not among the methods calibrated (--debias "
+              f"{' '.join(args.debias)}): add it to --debias", file=sys.stderr)
         return 2
     try:
         records = read_records(args.data)

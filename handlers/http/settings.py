@@ -6,9 +6,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import model_validator
+from pydantic import ValidationInfo, field_validator, model_validator
 
-from swama.engine.client import DEFAULT_MODEL, EngineClient, EngineSettings, InstalledModel, option
+from swama.engine.client import (
+    CALIBRATION_METHODS,
+    DEBIAS_METHODS,
+    DEFAULT_MODEL,
+    EngineClient,
+    EngineSettings,
+    InstalledModel,
+    option,
+)
 
 
 class ServerSettings(EngineSettings):
@@ -23,6 +31,14 @@ class ServerSettings(EngineSettings):
     clef_model: str | None = option(
         None, "the local model that answers Cloudflare's @cf/cloudflare/clef and clef-flash", metavar="NAME",
         default_text="the server's model, as for System One's jev-latest")
+    decision_debias: str = option(
+        "none", "the x_debias a decision question gets when neither it nor its request names one (choice "
+                "questions; a model's own default from `swama calibrate --default-debias` comes first)",
+        choices=DEBIAS_METHODS)
+    decision_calibration: str = option(
+        "none", "the x_calibration a decision question gets when neither it nor its request names one (fitted: "
+                "where the model has a fitted temperature for the question's kind)",
+        choices=CALIBRATION_METHODS)
     # The model `swama serve MODEL` was started with: the command's argument, not a flag.
     default_model: str | None = option(None, "the server's default model", cli=False)
 
@@ -62,6 +78,15 @@ class ServerSettings(EngineSettings):
                                         ge=0)
     group_last_failure: str | None = option(None, "why the rank group last failed", cli=False)
     group_notice: Path | None = option(None, "where the supervisor writes why it signals rank 0", cli=False)
+
+    @field_validator("decision_debias", "decision_calibration")
+    @classmethod
+    def _decision_method(cls, value: str, info: ValidationInfo) -> str:
+        methods = DEBIAS_METHODS if info.field_name == "decision_debias" else CALIBRATION_METHODS
+        if value not in methods:
+            flag = "--" + str(info.field_name).replace("_", "-")
+            raise ValueError(f"{flag} must be one of {', '.join(methods)} (got {value!r})")
+        return value
 
     @model_validator(mode="after")
     def _one_way_to_scale(self) -> ServerSettings:

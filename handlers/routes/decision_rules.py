@@ -11,7 +11,21 @@ from typing import Any
 
 import pydantic
 
-from swama.engine.client import Adjustment, Applied, QuestionKind, ScoredAnswer
+from swama.engine.client import (
+    LANGUAGE,
+    NO_DEFAULTS,
+    VISION,
+    Adjustment,
+    Applied,
+    CalibrationCache,
+    CalibrationFile,
+    Defaults,
+    InstalledModel,
+    QuestionKind,
+    QuestionView,
+    ScoredAnswer,
+    model_defaults,
+)
 from swama.handlers.http.errors import ApiError
 
 MAX_QUESTIONS = 200
@@ -37,16 +51,29 @@ def _method(value: Any) -> str | None:
     return None if value is None else str(value.value if hasattr(value, "value") else value)
 
 
-def adjustment_of(request: Any, question: Any) -> Adjustment:
+_calibrations = CalibrationCache()  # each model folder's calibration file, read again when it changes
+
+
+def decision_defaults(settings: Any, model: InstalledModel) -> Defaults:
+    """What a question that names no debiasing or calibration gets on `model`: its calibration file's
+    defaults, else the server's --decision-debias / --decision-calibration (none for a decision
+    checkpoint, which answers through its own head)."""
+    if model.kind not in (LANGUAGE, VISION):
+        return NO_DEFAULTS
+    try:
+        file = _calibrations.get(model.path)
+    except ValueError:  # unreadable: the server's defaults; a question that needs the file is refused by the engine
+        file = CalibrationFile()
+    return model_defaults(file, settings.decision_debias, settings.decision_calibration)
+
+
+def adjustment_of(request: Any, question: Any, view: QuestionView, defaults: Defaults = NO_DEFAULTS) -> Adjustment:
     """What a question asks beyond the plain reading: its own `x_debias` / `x_calibration`, else the
-    request's, else none (yes/no and score questions have no `x_debias` of their own)."""
-    debias = _method(getattr(question, "x_debias", None)) or _method(request.x_debias) or "none"
-    calibration = _method(getattr(question, "x_calibration", None)) or _method(request.x_calibration) or "none"
-    return Adjustment(debias, calibration)  # type: ignore[arg-type]
-
-
-def asks_adjustment(request: Any, questions: Any) -> bool:
-    return any(adjustment_of(request, q).active for q in questions)
+    request's (yes/no and score questions have no `x_debias` of their own), else the model's
+    defaults."""
+    debias = _method(getattr(question, "x_debias", None)) or _method(request.x_debias)
+    calibration = _method(getattr(question, "x_calibration", None)) or _method(request.x_calibration)
+    return defaults.resolve(debias, calibration, view.kind, view.option_count)
 
 
 def checkpoint_refusal(model_id: str) -> ApiError:

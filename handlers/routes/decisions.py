@@ -28,7 +28,7 @@ from swama.generated.decisions_models import (
 from swama.handlers.http.pipeline import Call, route
 from swama.handlers.http.streaming import collect_or_cancel
 from swama.handlers.media.images import ImageRef, all_low_detail, load_data_images, open_images
-from swama.handlers.routes.decision_rules import MAX_CHOICES, adjustment_of, refuse
+from swama.handlers.routes.decision_rules import MAX_CHOICES, adjustment_of, decision_defaults, refuse
 from swama.handlers.routes.decisions_render import LABEL_MASS_HEADER, label_masses, render_decision_response
 from swama.handlers.routes.decisions_wording import DECISION_RULES, Question, question_problem
 
@@ -44,9 +44,12 @@ async def create_decision(call: Call, request: DecisionCreateRequest) -> Respons
         raise WrongModel(f"Model '{model.id}' is a decision checkpoint: it answers System One questions on "
                          "/v1/systemone, not /v1/decisions.")
     call.engine.require(model, Task.DECIDE)
-    job = DecisionJob(text, [question_view(q) for q in questions], context_limit=call.settings.context_limit,
+    views = [question_view(q) for q in questions]
+    defaults = decision_defaults(call.settings, model)
+    job = DecisionJob(text, views, context_limit=call.settings.context_limit,
                       images=open_images(images), low_detail=all_low_detail(images),
-                      adjustments=[adjustment_of(request, q) for q in questions])
+                      adjustments=[adjustment_of(request, q, view, defaults)
+                                   for q, view in zip(questions, views, strict=True)])
     async for result in collect_or_cancel(call.request, call.engine.decide(model.id, job)):
         body = render_decision_response(request.model, list(zip(questions, result.answers, strict=True)),
                                         result.input_tokens, result.applied)

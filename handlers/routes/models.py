@@ -1,7 +1,8 @@
 """GET /v1/models: the installed models, in the OpenAI list shape and in System One's catalog shape.
 
 One body carries both (`object`/`data` for OpenAI clients, `models` for System One clients), so
-`client.models.list()` of either SDK reads it.
+`client.models.list()` of either SDK reads it. A catalog entry of a model that answers decisions says
+what a question that names no debiasing or calibration gets on it (`x_decision_defaults`).
 """
 
 from __future__ import annotations
@@ -9,9 +10,10 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from swama.engine.client import InstalledModel
+from swama.engine.client import LANGUAGE, VISION, Defaults, InstalledModel
 from swama.handlers.http.pipeline import Call, route
 from swama.handlers.http.settings import server_default_model
+from swama.handlers.routes.decision_rules import decision_defaults
 from swama.handlers.routes.systemone import SDK_DEFAULT_MODELS
 
 
@@ -19,16 +21,20 @@ def _day(created: int) -> str:
     return dt.datetime.fromtimestamp(created, dt.UTC).strftime("%Y-%m-%d")
 
 
-def _catalog_entry(model: InstalledModel) -> dict[str, str]:
+def _catalog_entry(model: InstalledModel, defaults: Defaults) -> dict[str, Any]:
     source = f", from {model.source}" if model.source else ""
-    return {"name": model.id, "description": f"Installed model {model.id}{source}.",
-            "release_date": _day(model.created)}
+    entry: dict[str, Any] = {"name": model.id, "description": f"Installed model {model.id}{source}.",
+                             "release_date": _day(model.created)}
+    if model.kind in (LANGUAGE, VISION):  # it answers decisions through its next-token scores
+        entry["x_decision_defaults"] = {"debias": defaults.debias, "calibration": defaults.calibration,
+                                        "source": defaults.source}
+    return entry
 
 
 @route()
 async def list_models(call: Call, request: None) -> dict[str, Any]:
     installed = call.engine.models()
-    catalog = [_catalog_entry(m) for m in installed]
+    catalog = [_catalog_entry(m, decision_defaults(call.settings, m)) for m in installed]
     default = server_default_model(call.settings, call.engine)
     if default is not None:
         # System One clients send its default name; here it means the model the server started with.

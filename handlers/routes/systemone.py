@@ -39,7 +39,13 @@ from swama.handlers.media.images import (
     load_data_image,
     open_images,
 )
-from swama.handlers.routes.decision_rules import MAX_CHOICES, adjustment_of, checkpoint_refusal, plain
+from swama.handlers.routes.decision_rules import (
+    MAX_CHOICES,
+    adjustment_of,
+    checkpoint_refusal,
+    decision_defaults,
+    plain,
+)
 from swama.handlers.routes.systemone_render import render_systemone_response
 from swama.handlers.routes.systemone_wording import SYSTEMONE_RULES, Question, Questions
 
@@ -72,13 +78,15 @@ async def answer(call: Call, request: SystemOneRequest, model_of: Callable[[], I
     check_questions(questions)
     model = model_of()
     images = images_of(request)  # `"images": []` is the same as no field
-    adjustments = [adjustment_of(request, q) for _, q in questions]
+    views = [question_view(q) for _, q in questions]
+    defaults = decision_defaults(call.settings, model)
+    adjustments = [adjustment_of(request, q, view, defaults) for (_, q), view in zip(questions, views, strict=True)]
     if model.kind == DECISION:
         if any(a.active for a in adjustments):
             raise checkpoint_refusal(model.id)
         return await _on_checkpoint(call, request, model, questions, open_images(images))
     call.engine.require(model, Task.DECIDE)
-    job = DecisionJob(render_text(request.state), [question_view(q) for _, q in questions],
+    job = DecisionJob(render_text(request.state), views,
                       context_limit=call.settings.context_limit, systemone=True, images=open_images(images),
                       adjustments=adjustments)
     async for result in collect_or_cancel(call.request, call.engine.decide(model.id, job)):

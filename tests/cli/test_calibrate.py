@@ -150,6 +150,8 @@ def test_an_empty_file_a_missing_one_and_a_bad_holdout_exit_2(tmp_path: Path,
     assert "cannot read" in capsys.readouterr().err
     assert run_command(["calibrate", "smollm2", str(tmp_path / "nowhere.jsonl"), "--holdout", "1"]) == 2
     assert "--holdout" in capsys.readouterr().err
+    assert run_command(["calibrate", "smollm2", str(tmp_path / "nowhere.jsonl"), "--default-debias", "permute"]) == 2
+    assert "--default-debias permute is not among the methods calibrated" in capsys.readouterr().err
 
 
 def test_the_split_is_seeded_stratified_and_leaves_every_kind_something_to_fit() -> None:
@@ -239,8 +241,11 @@ def test_calibrate_on_smollm2_writes_what_the_engine_then_applies(
 
             # A second method keeps the first one's temperatures; prior writes its positional prior.
             choices = read_records(write_lines(tmp_path / "choices.jsonl", largest_examples()))
-            report = await calibrate(engine, model.id, choices, holdout=0.25, seed=0, debias=("prior",))
+            assert calibration.defaults == {}  # the first run named no default
+            report = await calibrate(engine, model.id, choices, holdout=0.25, seed=0, debias=("prior",),
+                                     default_debias="prior")
             again = read_calibration(model.path)
+            assert again.defaults == {"debias": "prior", "calibration": "fitted"}
             assert again.temperatures["none"] == temperatures
             assert set(again.temperatures["prior"]) == {"choice"} == set(report.temperatures["prior"])
             prior = again.priors[4]

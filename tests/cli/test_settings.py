@@ -66,6 +66,10 @@ def test_a_value_out_of_bounds_is_refused_naming_the_flag(monkeypatch: pytest.Mo
     monkeypatch.setenv("SWAMA_DEVICE", "tpu")
     with pytest.raises(SettingsError, match="unknown device 'tpu'"):
         read(RuntimeSettings)
+    monkeypatch.delenv("SWAMA_PORT")
+    monkeypatch.setenv("SWAMA_DECISION_CALIBRATION", "warm")
+    with pytest.raises(SettingsError, match=r"^--decision-calibration must be one of none, contextual, fitted"):
+        read(ServerSettings)
 
 
 def test_a_profile_folder_that_cannot_be_written_is_refused_at_start(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """A model's decision calibration, kept in its folder as `swama-calibration.json`.
 
 `swama calibrate` writes it: fitted temperatures per debiasing method and question kind (and
-option count), and positional priors per option count. The server reads it again whenever the
+option count), positional priors per option count, and (`--default-debias`) the debiasing and
+calibration a question that names none gets on this model. The server reads it again whenever the
 file changes, so a running server picks up a new calibration without a restart.
 """
 
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .methods import DEBIAS_METHODS
+from .methods import CALIBRATION_METHODS, DEBIAS_METHODS
 
 CALIBRATION_FILE = "swama-calibration.json"
 FILE_FORMAT = 1
@@ -32,6 +33,7 @@ class CalibrationFile:
     temperatures: dict[str, dict[str, float]] = field(default_factory=dict)
     priors: dict[int, Prior] = field(default_factory=dict)  # option count -> prior
     report: dict[str, Any] = field(default_factory=dict)  # what `swama calibrate` measured, for people
+    defaults: dict[str, str] = field(default_factory=dict)  # {"debias": ..., "calibration": ...}, or empty
 
     def temperature(self, debias: str, kind: str, option_count: int) -> float | None:
         """The temperature for this kind of question, one fitted for its option count first."""
@@ -46,6 +48,7 @@ class CalibrationFile:
             "priors": {str(n): {"probabilities": list(p.probabilities), "questions": p.questions}
                        for n, p in sorted(self.priors.items())},
             "report": self.report,
+            **({"defaults": self.defaults} if self.defaults else {}),
         }
 
     @classmethod
@@ -56,7 +59,11 @@ class CalibrationFile:
                         for method, kinds in data.get("temperatures", {}).items() if method in DEBIAS_METHODS}
         priors = {int(n): Prior(tuple(float(p) for p in prior["probabilities"]), int(prior["questions"]))
                   for n, prior in data.get("priors", {}).items()}
-        return cls(int(data.get("prompt_format", 1)), temperatures, priors, dict(data.get("report", {})))
+        defaults = {str(k): str(v) for k, v in data.get("defaults", {}).items()}
+        if defaults and (set(defaults) != {"debias", "calibration"} or defaults["debias"] not in DEBIAS_METHODS
+                         or defaults["calibration"] not in CALIBRATION_METHODS):
+            raise ValueError(f"defaults {defaults} name no debias method and calibration")
+        return cls(int(data.get("prompt_format", 1)), temperatures, priors, dict(data.get("report", {})), defaults)
 
 
 def calibration_path(folder: Path) -> Path:
