@@ -51,7 +51,10 @@ install() {
     local other=mlx-cuda-13
     [ "$BACKEND" = cpu ] || other=mlx-cpu
     "$VENV/bin/python" -m pip uninstall --quiet -y "$other" >/dev/null 2>&1 || true
-    "$VENV/bin/python" -m pip install --quiet -e ".[$BACKEND,test]"
+    # Serving needs the backend only; the suite also the test extra (PyTorch, Ray, lm-eval, ...).
+    local extras=$BACKEND
+    [ "${1:-}" != test ] || extras="$BACKEND,test"
+    "$VENV/bin/python" -m pip install --quiet -e ".[$extras]"
 }
 
 BACKEND=$(backend)
