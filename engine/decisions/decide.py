@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from swama.engine.decisions import shared_prefix
 from swama.engine.decisions.adjust.methods import Adjustment, Applied
 from swama.engine.decisions.heads import Head, fill_cache, head_split, logits_at
 from swama.engine.decisions.next_token import NextToken, PendingRows, launch_rows, reduce_rows
@@ -121,6 +122,15 @@ class DecisionState:
         self.model = model
         self.label_memo: dict[Any, Any] = {}
         self.preparing = threading.Lock()  # the tokenizer's memo and cached labels are built under it
+        # On the CPU batched passes attend the shared prefix in place (shared_prefix.py), until a pass
+        # shows the model's attention does not go through its module's function. A GPU keeps MLX's
+        # fused attention over copies of the prefix: the in-place pass is more, unfused launches
+        # there, and it has not been measured against it yet.
+        import mlx.core as mx
+
+        self.in_place = mx.default_device() == mx.cpu
+        if model.model is not None:
+            shared_prefix.install(model.model)
 
     @functools.cached_property
     def label_tokenizer(self) -> HFLabelTokenizer:
@@ -505,9 +515,13 @@ class DecisionRun:
         width = max(len(s) for s in suffixes)
         # Right padding: under the causal mask no real token attends to the padding after it.
         tokens = mx.array([s + [0] * (width - len(s)) for s in suffixes])
-        cache = tiled_cache(self.shared, len(chunk), width) if self.shared is not None else self._cache()
-        logits = logits_at(self.net, self.split, tokens, cache, mx.arange(len(chunk)),
-                           mx.array([len(s) - 1 for s in suffixes]))
+        rows, columns = mx.arange(len(chunk)), mx.array([len(s) - 1 for s in suffixes])
+        logits = None
+        if self.shared is not None:
+            logits = in_place_logits(self, [(self.shared, len(chunk))], tokens, rows, columns)
+        if logits is None:
+            cache = tiled_cache(self.shared, len(chunk), width) if self.shared is not None else self._cache()
+            logits = logits_at(self.net, self.split, tokens, cache, rows, columns)
         mx.eval(logits)  # before the batch cache is dropped
         return logits
 
@@ -571,24 +585,47 @@ def merged_prefixes(runs: Sequence[DecisionRun]) -> list[Any]:
     return merged
 
 
+def in_place_logits(run: DecisionRun, prefixes: list[tuple[list[Any], int]], tokens: Any, rows: Any,
+                    columns: Any) -> Any:
+    """The pass's logits (lazy) with each segment of rows attending its prefix in place
+    (engine/decisions/shared_prefix.py), or None where the model's attention cannot."""
+    if not run.state.in_place:
+        return None
+    caches = shared_prefix.layer_caches(prefixes)
+    logits = logits_at(run.net, run.split, tokens, caches, rows, columns)
+    if not shared_prefix.attended(caches):
+        run.state.in_place = False  # nothing was computed yet: the graph is dropped
+        return None
+    return logits
+
+
 def launch_across(rows: Sequence[tuple[DecisionRun, PreparedQuestion]]) -> PendingRows:
     """Reduced last-position logits of questions from different runs on one model (`rows` as
     `pick_rows` gives them), in one forward pass queued on the device and not waited for, so the
-    next pass can be prepared while it runs; each run's `launched` counts the rows. Each row starts
-    from its own run's shared prefix (merged left-padded, as mlx-lm batches caches of different
-    lengths) and its suffix is right-padded; the masks keep every row to its own tokens. The runs'
-    prefix caches are only read."""
+    next pass can be prepared while it runs; each run's `launched` counts the rows. Each row's
+    suffix is right-padded and attends its own run's shared prefix in place; where a model cannot,
+    the prefixes are merged left-padded (as mlx-lm batches caches of different lengths) and the
+    masks keep every row to its own tokens. The runs' prefix caches are only read."""
     import mlx.core as mx
 
     suffixes = [q.ids[run.prefix:] for run, q in rows]
     lengths = [len(s) for s in suffixes]
     width = max(lengths)
     tokens = mx.array([s + [0] * (width - len(s)) for s in suffixes])
-    cache = merged_prefixes([run for run, _ in rows])
-    for layer in cache:
-        layer.prepare(lengths=lengths, right_padding=[width - n for n in lengths])
     first = rows[0][0]
-    logits = logits_at(first.net, first.split, tokens, cache, mx.arange(len(rows)), mx.array([n - 1 for n in lengths]))
+    segments: list[tuple[DecisionRun, int]] = []
+    for run, _ in rows:  # consecutive rows of one run: `pick_rows` groups them
+        if segments and segments[-1][0] is run:
+            segments[-1] = (run, segments[-1][1] + 1)
+        else:
+            segments.append((run, 1))
+    positions, columns = mx.arange(len(rows)), mx.array([n - 1 for n in lengths])
+    logits = in_place_logits(first, [(run.shared, count) for run, count in segments], tokens, positions, columns)
+    if logits is None:
+        cache = merged_prefixes([run for run, _ in rows])
+        for layer in cache:
+            layer.prepare(lengths=lengths, right_padding=[width - n for n in lengths])
+        logits = logits_at(first.net, first.split, tokens, cache, positions, columns)
     pending = launch_rows(logits, [q.label_ids for _, q in rows], first.state.opener_ids)
     for run, _ in rows:
         run.launched = max(run.launched, len(run.answers)) + 1

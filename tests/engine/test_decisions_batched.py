@@ -1,5 +1,6 @@
 """Batched suffix scoring (DecisionRun.score_batch): the questions' suffixes run in one forward pass
-over a tiled copy of the shared prefix, with the same answers as scoring them one by one."""
+that attends the shared prefix in place (or, where a model cannot, a tiled copy of it), with the
+same answers as scoring them one by one."""
 
 from __future__ import annotations
 
@@ -312,3 +313,73 @@ def test_passes_overlap_and_answer_as_alone(tiny: LoadedModel, monkeypatch: pyte
     assert order == ["launch", "launch", "finish", "launch", "finish", "launch", "finish", "launch", "finish",
                      "finish"]
     assert_as_alone(runs, alone, BOUND)
+
+
+# -- the shared prefix attended in place (engine/decisions/shared_prefix.py) --------------------------
+
+# Logits of the in-place pass against the same pass over copies of the prefix: float32 rounding (the
+# sums run in another order); bf16: the in-place pass computes in float32 where MLX's attention
+# rounds its inputs, a few steps of the logits' spacing.
+IN_PLACE = tol(1e-4, 0.25)
+
+
+@pytest.mark.parametrize("name", ["tiny", "smollm2"])
+def test_in_place_passes_equal_passes_over_copies_of_the_prefix(name: str, request: pytest.FixtureRequest) -> None:
+    """One request's pass, and one pass across three requests whose prefixes differ in length (each
+    run's rows a segment with its own prefix and RoPE offset), give the logits of the passes that copy
+    every row's prefix."""
+    import mlx.core as mx
+
+    model = request.getfixturevalue(name)
+    state = decide.decision_state(model)
+    default, state.in_place = state.in_place, True  # the default on the CPU; a GPU's is copies
+    run = started(model)
+    chunk = run.prepared[:9]
+    in_place = run._batch_logits(chunk)
+    assert state.in_place  # the model's attention went through the shared-prefix path
+    state.in_place = False
+    try:
+        copied = run._batch_logits(chunk)
+    finally:
+        state.in_place = True
+    assert mx.abs(in_place - copied).max().item() <= IN_PLACE
+
+    questions = mixed_questions()
+    runs = [started(model, DecisionJob(text, questions[i:i + 4], 4096))
+            for i, text in enumerate([INPUT, OTHER_INPUT, INPUT[:300]])]
+    assert len({r.prefix for r in runs}) == 3
+    rows = decide.pick_rows(runs, 9)
+    together = [decide.launch_across(rows)]
+    for r in runs:
+        r.launched = 0
+    state.in_place = False
+    try:
+        together.append(decide.launch_across(rows))
+    finally:
+        state.in_place = default
+    got, want = ([row.labels for row in pending.rows()] for pending in together)
+    for a, b in zip(got, want, strict=True):  # each row's label logits
+        assert max(abs(x - y) for x, y in zip(a, b, strict=True)) <= IN_PLACE
+
+
+def test_a_model_whose_attention_bypasses_its_module_falls_back_to_copies(
+        tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a pass shows the model's attention did not go through the shared-prefix path (it calls
+    MLX's attention itself), the model's passes copy the prefix from then on, with the same answers."""
+    import sys
+
+    from mlx_lm.models.base import scaled_dot_product_attention
+
+    alone = one_by_one(started(tiny))
+    monkeypatch.setattr(sys.modules[type(tiny.model).__module__], "scaled_dot_product_attention",
+                        scaled_dot_product_attention)
+    state = decide.decision_state(tiny)
+    default, state.in_place = state.in_place, True
+    run = started(tiny)
+    try:
+        while not run.done:
+            run.score_batch()
+        assert not state.in_place
+        assert_close(run.answers, alone)
+    finally:
+        state.in_place = default
