@@ -555,6 +555,17 @@ def pick_rows(runs: Sequence[DecisionRun], max_rows: int) -> list[tuple[Decision
     return [(runs[r], q) for r, q in taken]
 
 
+def consecutive(runs: Sequence[DecisionRun]) -> list[tuple[DecisionRun, int]]:
+    """Each run of a pass's rows, in order, with how many consecutive rows it has."""
+    groups: list[tuple[DecisionRun, int]] = []
+    for run in runs:
+        if groups and groups[-1][0] is run:
+            groups[-1] = (run, groups[-1][1] + 1)
+        else:
+            groups.append((run, 1))
+    return groups
+
+
 def merged_prefixes(runs: Sequence[DecisionRun]) -> list[Any]:
     """One batch cache per layer whose row i holds `runs[i]`'s shared prefix, left-padded to the
     longest (as mlx-lm's `BatchKVCache.merge` lays it out). A run's consecutive rows are one repeat
@@ -562,12 +573,7 @@ def merged_prefixes(runs: Sequence[DecisionRun]) -> list[Any]:
     import mlx.core as mx
     from mlx_lm.models.cache import BatchKVCache
 
-    groups: list[tuple[DecisionRun, int]] = []
-    for run in runs:
-        if groups and groups[-1][0] is run:
-            groups[-1] = (run, groups[-1][1] + 1)
-        else:
-            groups.append((run, 1))
+    groups = consecutive(runs)
     longest = max(run.prefix for run in runs)
     merged = []
     for i in range(len(runs[0].shared)):
@@ -613,12 +619,7 @@ def launch_across(rows: Sequence[tuple[DecisionRun, PreparedQuestion]]) -> Pendi
     width = max(lengths)
     tokens = mx.array([s + [0] * (width - len(s)) for s in suffixes])
     first = rows[0][0]
-    segments: list[tuple[DecisionRun, int]] = []
-    for run, _ in rows:  # consecutive rows of one run: `pick_rows` groups them
-        if segments and segments[-1][0] is run:
-            segments[-1] = (run, segments[-1][1] + 1)
-        else:
-            segments.append((run, 1))
+    segments = consecutive([run for run, _ in rows])  # `pick_rows` groups each run's rows
     positions, columns = mx.arange(len(rows)), mx.array([n - 1 for n in lengths])
     logits = in_place_logits(first, [(run.shared, count) for run, count in segments], tokens, positions, columns)
     if logits is None:

@@ -44,14 +44,11 @@ class Segment:
 class SharedPrefix:
     """One layer's cache for a batched pass of suffixes, the prefixes held once per segment of rows."""
 
-    def __init__(self, segments: list[Segment]) -> None:
-        import mlx.core as mx
-
+    def __init__(self, segments: list[Segment], offset: Any) -> None:
+        """`offset`: RoPE's, each row's prefix length (one number when every row's is the same)."""
         self.segments = segments
+        self.offset = offset
         self.attended = False  # set by `attention`: a model that never calls it cannot use this cache
-        lengths = [s.keys.shape[2] for s in segments for _ in range(s.start, s.stop)]
-        # RoPE's offset: one number when every row continues the same prefix length.
-        self.offset: Any = lengths[0] if len(set(lengths)) == 1 else mx.array(lengths)
 
     def update_and_fetch(self, keys: Any, values: Any) -> tuple[Any, Any]:
         return keys, values  # the rows' own suffix keys and values: this pass keeps nothing
@@ -73,6 +70,10 @@ def attended(caches: list[SharedPrefix]) -> bool:
 def layer_caches(prefixes: list[tuple[list[Any], int]]) -> list[SharedPrefix]:
     """A pass's caches, one per layer: `prefixes` holds, per segment in row order, the prefix's caches
     (mlx-lm `KVCache`s of one row, one per layer) and how many rows continue it."""
+    import mlx.core as mx
+
+    lengths = [shared[0].offset for shared, rows in prefixes for _ in range(rows)]
+    offset: Any = lengths[0] if len(set(lengths)) == 1 else mx.array(lengths)  # one for every layer
     caches = []
     for layer in range(len(prefixes[0][0])):
         segments, start = [], 0
@@ -80,7 +81,7 @@ def layer_caches(prefixes: list[tuple[list[Any], int]]) -> list[SharedPrefix]:
             keys, values = shared[layer].keys_and_values()
             segments.append(Segment(start, start + rows, keys, values))
             start += rows
-        caches.append(SharedPrefix(segments))
+        caches.append(SharedPrefix(segments, offset))
     return caches
 
 
