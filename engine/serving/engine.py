@@ -19,7 +19,7 @@ from typing import Any
 
 from swama.engine.decisions.adjust.methods import CONTENT_FREE_INPUT
 from swama.engine.decisions.adjust.plan import AdjustState, combine, plan_job
-from swama.engine.decisions.adjust.store import CalibrationCache
+from swama.engine.decisions.adjust.store import CalibrationCache, CalibrationFile
 from swama.engine.decisions.checkpoints import CheckpointResult, checkpoint_of, predict
 from swama.engine.decisions.decide import DecisionJob, DecisionResult, DecisionRun
 from swama.engine.errors import BadInput, Cancelled, ContextTooLong
@@ -282,7 +282,12 @@ class Engine(InstalledModels):
             return
         installed = self.model(model_id)
         state = self._adjust_states.setdefault(model_id, AdjustState())
-        plan = plan_job(model_id, job.questions, job.adjustments, state, self._calibrations.get(installed.path))
+        try:
+            calibration = self._calibrations.get(installed.path)
+        except ValueError as exc:  # a damaged file: what needs none still works; `fitted` says to calibrate again
+            log.warning("%s: %s", model_id, exc)
+            calibration = CalibrationFile()
+        plan = plan_job(model_id, job.questions, job.adjustments, state, calibration)
         result = await self._scored(model_id, replace(job, questions=plan.views, adjustments=()))
         input_tokens = result.input_tokens
         missing = [v for v in plan.content_free_views if state.remembered(v) is None]

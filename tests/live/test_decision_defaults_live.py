@@ -22,6 +22,7 @@ pytestmark = pytest.mark.slow
 
 SERVED = "test/tiny-served-defaults"  # the server's defaults apply
 OWN = "test/tiny-own-defaults"  # its calibration file names its own
+BROKEN = "test/tiny-broken-calibration"  # its calibration file cannot be read
 STATE = "My order arrived broken and nobody answers my emails."
 QUESTIONS = {"team": {"type": "choice", "instructions": "Which team should handle this?",
                       "criteria": {"billing": None, "shipping": "deliveries", "sales": None}},
@@ -36,6 +37,8 @@ def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     (own / "swama-calibration.json").write_text(json.dumps(
         {"format": 1, "prompt_format": 1, "temperatures": {}, "priors": {}, "report": {},
          "defaults": {"debias": "permute", "calibration": "none"}}))
+    broken = install_folder(root, BROKEN, tiny_model_dir)
+    (broken / "swama-calibration.json").write_text('{"format": 1, "defaults": {"debias": "sideways"}}')
     server = start_server(root, root.parent / "defaults-server.log", "--decision-calibration", "contextual")
     yield server
     server.stop()
@@ -81,3 +84,14 @@ def test_a_models_own_defaults_debias_its_choice_questions_only(server: LiveServ
             {"type": "choice", "name": "team", "instructions": "Which team?",
              "choices": [{"value": "billing"}, {"value": "shipping"}]}]}).json()
     assert decided["answers"][0]["x_adjustment"]["debias"] == "permute"
+
+
+def test_a_damaged_calibration_file_leaves_the_servers_defaults_working(server: LiveServer) -> None:
+    catalog = {m["name"]: m for m in httpx.get(server.v1 + "/models", timeout=60).json()["models"]}
+    assert catalog[BROKEN]["x_decision_defaults"] == {"debias": "none", "calibration": "contextual",
+                                                      "source": "server"}
+    answers = systemone(server, BROKEN)
+    assert all(a["x_adjustment"]["calibration"] == "contextual" for a in answers.values())
+    fitted = httpx.post(server.v1 + "/systemone", timeout=300, json={
+        "model": BROKEN, "state": STATE, "questions": QUESTIONS, "x_calibration": "fitted"})
+    assert fitted.status_code == 400 and "swama calibrate" in fitted.text
