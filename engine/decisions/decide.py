@@ -122,13 +122,15 @@ class DecisionState:
         self.model = model
         self.label_memo: dict[Any, Any] = {}
         self.preparing = threading.Lock()  # the tokenizer's memo and cached labels are built under it
-        # On the CPU batched passes attend the shared prefix in place (shared_prefix.py), until a pass
-        # shows the model's attention does not go through its module's function. A GPU keeps MLX's
-        # fused attention over copies of the prefix: the in-place pass is more, unfused launches
-        # there, and it has not been measured against it yet.
+        # Batched passes attend the shared prefix in place (shared_prefix.py), until a pass shows the
+        # model's attention does not go through its module's function: on the CPU as a product per
+        # prefix, on a GPU as one fused attention call per layer with each request's rows laid end
+        # to end (`fused`: whole requests per pass, see `pick_rows`). Both beat copying the prefix
+        # into every row (docs/benchmarks.md).
         import mlx.core as mx
 
-        self.in_place = mx.default_device() == mx.cpu
+        self.in_place = True
+        self.fused = mx.default_device() != mx.cpu
         if model.model is not None:
             shared_prefix.install(model.model)
 
@@ -152,6 +154,13 @@ class DecisionState:
     @functools.cached_property
     def batch_cache_bytes(self) -> int:
         return default_batch_cache_bytes()
+
+    @functools.cached_property
+    def plain_cache(self) -> bool:
+        """Whether the model's fresh cache is plain key/value layers only (text models)."""
+        from mlx_lm.models.cache import make_prompt_cache
+
+        return vision_of(self.model) is None and plain_kv(make_prompt_cache(self.model.model))
 
 
 def decision_state(model: LoadedModel) -> DecisionState:
@@ -269,6 +278,7 @@ def restore_cache(snapshot: list[Any], cache: list[Any]) -> list[Any]:
 BATCH_LOGITS_BYTES = 256 * 2**20
 BATCH_CACHE_BYTES = 1024 * 2**20
 GPU_BATCH_CACHE_BYTES = 16 * 2**30  # at most, and at most an eighth of the GPU's free memory
+FUSED_WIDTH_STEP = 16  # a fused pass's suffix width is a multiple of this
 
 
 def default_batch_cache_bytes() -> int:
@@ -530,9 +540,13 @@ class DecisionRun:
 
 
 def pick_rows(runs: Sequence[DecisionRun], max_rows: int) -> list[tuple[DecisionRun, PreparedQuestion]]:
-    """Questions of several runs for one batched pass: taken round robin over the runs, each run's in
-    order, as many as keep the pass's logits and merged prefix caches within the runs' bounds; returned
-    grouped by run (each run's in order), so each run's prefix is laid out once (`merged_prefixes`)."""
+    """Questions of several runs for one batched pass, as many as keep the pass's logits and its
+    prefix caches within the runs' bounds; returned grouped by run (each run's in order), so each
+    run's prefix is laid out once (`merged_prefixes`, or in place). Where passes are fused (a GPU's,
+    `DecisionState.fused`) whole runs are taken in order, so a request is mostly answered by one
+    pass; elsewhere the questions are taken round robin over the runs."""
+    if runs and runs[0].state.in_place and runs[0].state.fused:
+        return _whole_runs(runs, max_rows)
     queues = [list(run.pending()) for run in runs]
     token_bytes = [kv_bytes_per_token(run.shared) for run in runs]
     taken: list[tuple[int, PreparedQuestion]] = []
@@ -553,6 +567,30 @@ def pick_rows(runs: Sequence[DecisionRun], max_rows: int) -> list[tuple[Decision
             width, prefix = w, p
     taken.sort(key=lambda row: row[0])  # stable: each run's questions stay in order
     return [(runs[r], q) for r, q in taken]
+
+
+def _whole_runs(runs: Sequence[DecisionRun], max_rows: int) -> list[tuple[DecisionRun, PreparedQuestion]]:
+    """Runs in order with all their pending questions (the last one's first questions where the rest
+    would pass `max_rows`), while the pass's logits stay within the bound and its laid-out prefixes
+    (one per run, each with its rows' suffixes after it) within the cache bound; the first run at
+    least."""
+    taken: list[tuple[DecisionRun, PreparedQuestion]] = []
+    width = prefix = segments = slots = 0
+    for run in runs:
+        pending = run.pending()[: max_rows - len(taken)]
+        if not pending:
+            continue
+        w = max(width, *(len(q.ids) - run.prefix for q in pending))
+        p, k, c = max(prefix, run.prefix), segments + 1, max(slots, len(pending))
+        n = len(taken) + len(pending)
+        if taken and (n * w * run.position_bytes > run.batch_logits_bytes
+                      or k * (p + c * w) * kv_bytes_per_token(run.shared) > run.batch_cache_bytes):
+            break
+        taken += [(run, q) for q in pending]
+        width, prefix, segments, slots = w, p, k, c
+        if len(taken) >= max_rows:
+            break
+    return taken
 
 
 def consecutive(runs: Sequence[DecisionRun]) -> list[tuple[DecisionRun, int]]:
@@ -616,9 +654,11 @@ def launch_across(rows: Sequence[tuple[DecisionRun, PreparedQuestion]]) -> Pendi
 
     suffixes = [q.ids[run.prefix:] for run, q in rows]
     lengths = [len(s) for s in suffixes]
-    width = max(lengths)
-    tokens = mx.array([s + [0] * (width - len(s)) for s in suffixes])
     first = rows[0][0]
+    # A fused pass's width from a small set (see shared_prefix.Layout): padding after a row's last
+    # real token is never seen by it.
+    width = -(-max(lengths) // FUSED_WIDTH_STEP) * FUSED_WIDTH_STEP if first.state.fused else max(lengths)
+    tokens = mx.array([s + [0] * (width - len(s)) for s in suffixes])
     segments = consecutive([run for run, _ in rows])  # `pick_rows` groups each run's rows
     positions, columns = mx.arange(len(rows)), mx.array([n - 1 for n in lengths])
     logits = in_place_logits(first, [(run.shared, count) for run, count in segments], tokens, positions, columns)

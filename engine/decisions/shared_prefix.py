@@ -33,21 +33,103 @@ LOG2E = 1.0 / math.log(2.0)
 
 @dataclass(frozen=True)
 class Segment:
-    """Rows `start .. stop - 1` continue one prefix: its keys and values, [1, kv_heads, prefix, dim]."""
+    """Rows `start .. stop - 1` continue one prefix: its keys and values, [1, kv_heads, prefix, dim];
+    `pack`, where the prefix was read in a pack (packed_prefill.py): the pack's key and value buffers
+    and the prefix's row in them, so a pass reads many prefixes in one slice."""
 
     start: int
     stop: int
     keys: Any
     values: Any
+    pack: tuple[Any, Any, int] | None = None
+
+
+def _up(n: int, step: int) -> int:
+    return -(-n // step) * step
+
+
+def _slots(count: int) -> int:
+    """Rows a segment's sequence holds: a power of two up to 4, else a multiple of 4 (fewer shapes)."""
+    return 1 << (count - 1).bit_length() if count <= 4 else _up(count, 4)
+
+
+class Layout:
+    """What a pass's layers share on a GPU (`_fused`): each segment's rows laid end to end in one
+    query sequence of `slots` rows (at least the longest segment's count; shorter ones repeat their
+    last row, whose output is dropped), and the mask that keeps every row to its prefix and its own
+    suffix. The segments are padded to a power of two (empty prefixes), the prefixes to a multiple of
+    `WIDTH_STEP`: MLX builds a cuDNN graph for every new attention shape, with the device idle, so
+    shapes come from a small set. Built at the first layer, when the suffix width and dtype are known."""
+
+    WIDTH_STEP = 128
+
+    def __init__(self, segments: list[Segment]) -> None:
+        self.segments = segments
+        self.groups = 1 << (len(segments) - 1).bit_length()
+        self.slots = _slots(max(s.stop - s.start for s in segments))
+        self.width = _up(max(s.keys.shape[2] for s in segments), self.WIDTH_STEP)
+        self.built: tuple[int, Any] | None = None  # (suffix width, dtype) the arrays below are for
+        self.gather: Any = None  # [groups * slots] the row each slot reads
+        self.scatter: Any = None  # [rows] the slot each row's output is read from
+        self.mask: Any = None  # [groups, 1, slots * n, width + slots * n], additive
+
+    def build(self, n: int, dtype: Any) -> None:
+        import mlx.core as mx
+
+        if self.built == (n, dtype):
+            return
+        slots, segments = self.slots, self.segments
+        gather = [s.start + min(j, s.stop - s.start - 1) for s in segments for j in range(slots)]
+        self.gather = mx.array(gather + [0] * ((self.groups - len(segments)) * slots))
+        self.scatter = mx.array([k * slots + r - s.start for k, s in enumerate(segments) for r in range(s.start, s.stop)])
+        at = mx.arange(slots * n)
+        own = (at[:, None] // n == at[None] // n) & (at[None] % n <= at[:, None] % n)  # [slots*n, slots*n]
+        lengths = mx.array([s.keys.shape[2] for s in segments] + [0] * (self.groups - len(segments)))
+        prefix = mx.arange(self.width)[None] < lengths[:, None]  # [groups, width]
+        shape = (self.groups, 1, slots * n)
+        keep = mx.concatenate([mx.broadcast_to(prefix[:, None, None, :], (*shape, self.width)),
+                               mx.broadcast_to(own[None, None], (*shape, slots * n))], axis=-1)
+        self.mask = mx.where(keep, mx.array(0.0, dtype), mx.array(-mx.inf, dtype))
+        self.built = (n, dtype)
+
+    def prefixes(self, segments: list[Segment], which: int) -> Any:
+        """The segments' prefix keys (`which` 0) or values (1), [groups, kv_heads, width, dim]: a
+        slice of a pack's buffer for each run of segments that are consecutive rows of one pack,
+        padded with zeros (masked) to the width and to the groups."""
+        import mlx.core as mx
+
+        blocks: list[Any] = []
+        first = 0
+        while first < len(segments):
+            s = segments[first]
+            last = first + 1
+            if s.pack is not None:
+                while (last < len(segments) and segments[last].pack is not None
+                       and segments[last].pack[which] is s.pack[which]
+                       and segments[last].pack[2] == s.pack[2] + last - first):
+                    last += 1
+                block = s.pack[which][s.pack[2]:s.pack[2] + last - first]
+            else:
+                block = s.keys if which == 0 else s.values
+            blocks.append(block[:, :, :self.width])
+            first = last
+        padded = [b if b.shape[2] == self.width else mx.pad(b, [(0, 0), (0, 0), (0, self.width - b.shape[2]), (0, 0)])
+                  for b in blocks]
+        out = padded[0] if len(padded) == 1 else mx.concatenate(padded)
+        if out.shape[0] < self.groups:
+            out = mx.pad(out, [(0, self.groups - out.shape[0]), (0, 0), (0, 0), (0, 0)])
+        return out
 
 
 class SharedPrefix:
     """One layer's cache for a batched pass of suffixes, the prefixes held once per segment of rows."""
 
-    def __init__(self, segments: list[Segment], offset: Any) -> None:
-        """`offset`: RoPE's, each row's prefix length (one number when every row's is the same)."""
+    def __init__(self, segments: list[Segment], offset: Any, layout: Layout | None = None) -> None:
+        """`offset`: RoPE's, each row's prefix length (one number when every row's is the same);
+        `layout`: the pass's, shared by its layers (a GPU's)."""
         self.segments = segments
         self.offset = offset
+        self.layout = layout
         self.attended = False  # set by `attention`: a model that never calls it cannot use this cache
 
     def update_and_fetch(self, keys: Any, values: Any) -> tuple[Any, Any]:
@@ -67,21 +149,28 @@ def attended(caches: list[SharedPrefix]) -> bool:
     return all(c.attended for c in caches)
 
 
-def layer_caches(prefixes: list[tuple[list[Any], int]]) -> list[SharedPrefix]:
+def layer_caches(prefixes: list[tuple[list[Any], int]], fused: bool | None = None) -> list[SharedPrefix]:
     """A pass's caches, one per layer: `prefixes` holds, per segment in row order, the prefix's caches
-    (mlx-lm `KVCache`s of one row, one per layer) and how many rows continue it."""
+    (mlx-lm `KVCache`s of one row, one per layer) and how many rows continue it. `fused`: attention
+    as one fused call per layer (`_fused`), by default on a GPU."""
     import mlx.core as mx
+
+    if fused is None:
+        fused = mx.default_device() != mx.cpu
 
     lengths = [shared[0].offset for shared, rows in prefixes for _ in range(rows)]
     offset: Any = lengths[0] if len(set(lengths)) == 1 else mx.array(lengths)  # one for every layer
     caches = []
+    layout = None
     for layer in range(len(prefixes[0][0])):
         segments, start = [], 0
         for shared, rows in prefixes:
             keys, values = shared[layer].keys_and_values()
-            segments.append(Segment(start, start + rows, keys, values))
+            segments.append(Segment(start, start + rows, keys, values, getattr(shared[layer], "pack", None)))
             start += rows
-        caches.append(SharedPrefix(segments, offset))
+        if layout is None and fused:
+            layout = Layout(segments)  # the prefixes' lengths and the rows are every layer's
+        caches.append(SharedPrefix(segments, offset, layout))
     return caches
 
 
@@ -101,6 +190,8 @@ def attention(queries: Any, keys: Any, values: Any, cache: SharedPrefix, scale: 
     from swama.engine.text.cpu_forward import cpu_streams
 
     rows = queries.shape[0]
+    if cache.layout is not None:
+        return _fused(queries, keys, values, cache, scale)
     if mx.default_device() != mx.cpu or rows < 2:
         return _rows(queries, keys, values, cache.segments, scale)
     streams = cpu_streams()
@@ -113,6 +204,28 @@ def attention(queries: Any, keys: Any, values: Any, cache: SharedPrefix, scale: 
         with mx.stream(streams[n % len(streams)]):
             parts.append(_rows(queries[r0:r1], keys[r0:r1], values[r0:r1], segments, scale))
     return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
+
+
+def _fused(queries: Any, keys: Any, values: Any, cache: SharedPrefix, scale: float) -> Any:
+    """A GPU's pass: one fused attention call for every row. Each segment becomes one sequence: its
+    prefix (right-padded to the layout's width) followed by its rows' suffixes end to end, and the
+    pass's mask lets each suffix token see its prefix and the tokens of its own suffix up to it."""
+    import mlx.core as mx
+
+    layout = cache.layout
+    rows, heads, n, dim = queries.shape
+    layout.build(n, queries.dtype)
+    groups, slots = layout.groups, layout.slots
+
+    def laid_out(x: Any) -> Any:  # [rows, h, n, dim] -> [groups, h, slots * n, dim]
+        x = x[layout.gather].reshape(groups, slots, x.shape[1], n, dim)
+        return x.transpose(0, 2, 1, 3, 4).reshape(groups, x.shape[2], slots * n, dim)
+
+    k = mx.concatenate([layout.prefixes(cache.segments, 0), laid_out(keys)], axis=2)
+    v = mx.concatenate([layout.prefixes(cache.segments, 1), laid_out(values)], axis=2)
+    out = mx.fast.scaled_dot_product_attention(laid_out(queries), k, v, scale=scale, mask=layout.mask)
+    out = out.reshape(groups, heads, slots, n, dim).transpose(0, 2, 1, 3, 4).reshape(groups * slots, heads, n, dim)
+    return out[layout.scatter]
 
 
 def _rows(queries: Any, keys: Any, values: Any, segments: list[Segment], scale: float) -> Any:

@@ -22,6 +22,7 @@ from swama.engine.decisions.adjust.plan import AdjustState, combine, plan_job
 from swama.engine.decisions.adjust.store import CalibrationCache, CalibrationFile
 from swama.engine.decisions.checkpoints import CheckpointResult, checkpoint_of, predict
 from swama.engine.decisions.decide import DecisionJob, DecisionResult, DecisionRun
+from swama.engine.decisions.packed_prefill import packable
 from swama.engine.errors import BadInput, Cancelled, ContextTooLong
 from swama.engine.files.kinds import LANGUAGE
 from swama.engine.files.store import ModelStore
@@ -321,9 +322,12 @@ class Engine(InstalledModels):
                 run = DecisionRun(model, job, prefix_reuse=reuse)
                 await in_thread(run.prepare)  # templates, tokenizing and label checks: off the model's thread
                 try:
-                    await scheduler.prefill(run)
-                    if run.joins_others and not run.done:
-                        await scheduler.score(run)  # in passes shared with concurrent decision requests
+                    if scheduler.group is None and packable(run):
+                        await scheduler.decide(run)  # prefix packed with others', questions in shared passes
+                    else:
+                        await scheduler.prefill(run)
+                        if run.joins_others and not run.done:
+                            await scheduler.score(run)  # in passes shared with concurrent decision requests
                     while not run.done:
                         # The suffixes in batched passes, a few rows a turn: the decode steps of other
                         # requests on the model go on between the turns.

@@ -7,11 +7,13 @@ they finish, between steps. Each turn of the loop:
    submitted, are inserted (token budget, sampler), resuming from the prompt cache's longest
    matching prefix;
 2. rows whose client went away are removed, and their key/value state goes back to the prompt cache;
-3. one queued task runs (a decision request's prefix prefill), so decisions share the model
-   fairly; then one batched pass is launched on the pending questions of every decision request
-   waiting on the model (up to `decision_rows` rows: `DECISION_ROWS`, or `--batch-rows` when that
-   is larger; round robin over the requests), and the pass launched last turn is read back into
-   answers while the new one computes;
+3. one queued task runs; the shared prefixes of the decision requests waiting to start are read
+   together in one packed forward (engine/decisions/packed_prefill.py: requests of similar prefix
+   lengths, within a token budget); then one batched pass is launched on the pending questions of
+   every decision request waiting on the model (up to `decision_rows` rows: the device's
+   `DECISION_ROWS` or `GPU_DECISION_ROWS`, or `--batch-rows` when that is larger; whole requests
+   on a GPU, round robin over the requests on the CPU), and the pass launched last turn is read
+   back into answers while the new one computes;
 4. one batch step: a decode token for every generating row, plus one prefill chunk of at most
    `prefill_step` tokens for rows still reading their prompts, so a long prompt never freezes the
    streams already generating.
@@ -49,6 +51,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from swama.engine.decisions.decide import DecisionRun, launch_across, pick_rows
+from swama.engine.decisions.packed_prefill import pack_tokens, pick_pack, prefill_pack, width_step
 from swama.engine.errors import Cancelled, ContextTooLong, EngineError, Failed, Unavailable
 from swama.engine.kinds.vision import vision_of
 from swama.engine.model import LoadedModel
@@ -89,6 +92,7 @@ log = logging.getLogger("swama.scheduler")
 T = TypeVar("T")
 _DONE = object()
 DECISION_ROWS = 16  # decision questions scored in one batched pass between batch steps, at least
+GPU_DECISION_ROWS = 512  # on a GPU, whose passes take whole requests (decide.pick_rows)
 
 
 def default_prefill_step() -> int:
@@ -241,7 +245,7 @@ class Scheduler:
         self.prefill_step = prefill_step or default_prefill_step()
         self.prefill_wait = default_prefill_wait() if prefill_wait is None else prefill_wait
         # A device given more rows to generate for takes as many decision questions in one pass.
-        self.decision_rows = max(DECISION_ROWS, rows or default_of("batch_rows"))
+        self.decision_rows = max(GPU_DECISION_ROWS if on_gpu() else DECISION_ROWS, rows or default_of("batch_rows"))
         # Tokens become text on the event loop on a GPU, so the thread that drives it does no text
         # work; on the CPU, whose cores are the device, on this thread between steps (text work
         # running beside a step only takes a core from it).
@@ -260,8 +264,10 @@ class Scheduler:
         self.bucketed = on_gpu()
         self.clock = TurnClock()
         self._decisions: list[tuple[DecisionRun, concurrent.futures.Future[None]]] = []
+        self._prefills: list[tuple[DecisionRun, concurrent.futures.Future[None]]] = []  # runs waiting for a pack
         self._in_flight: Any = None  # the decision pass launched last turn, finished this turn
         self.decision_passes = 0  # batched passes that scored decision questions
+        self.decision_packs = 0  # forwards that read the prefixes of decision requests together
         self._closed = False
         self._failed: EngineError | None = None  # the rank group failed: every request gets this
         self._gen: Any = None
@@ -393,8 +399,18 @@ class Scheduler:
     async def score(self, run: DecisionRun) -> None:
         """Score the remaining questions of a started run whose prefix sits in plain KV caches,
         in batched passes shared with the other decision requests on this model."""
+        await self._answered(run, self._decisions)
+
+    async def decide(self, run: DecisionRun) -> None:
+        """A prepared run whose prefix can be packed (packed_prefill.packable), on a model not split
+        across ranks: its prefix read in a pack with the other runs waiting to start, then its
+        questions scored in passes shared with every decision request on the model."""
+        await self._answered(run, self._prefills)
+
+    async def _answered(self, run: DecisionRun,
+                        queue: list[tuple[DecisionRun, concurrent.futures.Future[None]]]) -> None:
         future: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._submit(lambda: self._decisions.append((run, future)))
+        self._submit(lambda: queue.append((run, future)))
         try:
             await asyncio.shield(asyncio.wrap_future(future))
         except asyncio.CancelledError:
@@ -458,7 +474,7 @@ class Scheduler:
             with self._wake:
                 self.clock.wait()
                 while not (self._closed or self._failed or self._new or self._tasks or self._active
-                           or self._decisions or self._in_flight is not None):
+                           or self._decisions or self._prefills or self._in_flight is not None):
                     if not self._wake.wait(idle_wait):
                         break
                 self.clock.woke()
@@ -467,6 +483,7 @@ class Scheduler:
                 new = list(self._new)
                 self._new.clear()
                 task = self._tasks.popleft() if self._tasks else None
+                pack = self._take_pack() if self._prefills else []
                 forget, self._forget = self._forget, []
             self.clock.turns += 1
             with mx.stream(stream):
@@ -477,11 +494,13 @@ class Scheduler:
                     self._drop_cancelled(turn)
                 if task is not None and not task[1].set_running_or_notify_cancel():
                     task = None  # its caller went away before it started
-                picked = self._pick_pass() if self._decisions or self._in_flight is not None else None
+                # With a pack to read, the pass is picked after it: its runs join this turn's pass.
+                waiting = not pack and (self._decisions or self._in_flight is not None)
+                picked = self._pick_pass() if waiting else None
                 if turn is not None and not self._share(turn, task, picked):
                     break
                 try:
-                    self._turn(task, picked)
+                    self._turn(task, picked, pack)
                 except GroupFailed as exc:
                     self.group.fail(str(exc))
                     break
@@ -489,20 +508,27 @@ class Scheduler:
         self._fail_all(error)
         for _, future, _ in self._tasks:
             future.cancel()
-        for _, future in list(self._decisions):
+        for _, future in [*self._decisions, *self._prefills]:
             self._settle(future, error)
+        self._prefills = []
         self._in_flight = None
         if self._gen is not None:
             self._gen.close()
 
     def _turn(self, task: tuple[Callable[[], Any], concurrent.futures.Future[Any], Mirror | None] | None,
-              picked: tuple[list[Any], dict[int, Any]] | None) -> None:
-        """A turn's device work: the task, the decision pass, the batch step."""
+              picked: tuple[list[Any], dict[int, Any]] | None,
+              pack: list[tuple[DecisionRun, concurrent.futures.Future[None]]] | None = None) -> None:
+        """A turn's device work: the task, the decision prefixes, the decision pass, the batch step."""
         import mlx.core as mx
 
         if task is not None:
             with self.clock.part("tasks"):
                 self._run_task(task[0], task[1])
+        if pack:
+            with self.clock.part("decisions"):
+                self._prefill_pack(pack)
+            if self._decisions or self._in_flight is not None:
+                picked = self._pick_pass()
         if picked is not None:
             with self.clock.part("decisions"):
                 self._decision_pass(*picked)
@@ -580,6 +606,30 @@ class Scheduler:
             _resolve(future, None, result)
         finally:
             self._running = None
+
+    def _take_pack(self) -> list[tuple[DecisionRun, concurrent.futures.Future[None]]]:
+        """Under the lock: the runs whose prefixes are read together this turn, out of the queue."""
+        self._prefills = [(r, f) for r, f in self._prefills if not f.done()]  # gone before they started
+        if not self._prefills:
+            return []
+        runs = pick_pack([r for r, _ in self._prefills], pack_tokens(), width_step(), powers=self.bucketed)
+        chosen = {id(r) for r in runs}
+        pack = [(r, f) for r, f in self._prefills if id(r) in chosen]
+        self._prefills = [(r, f) for r, f in self._prefills if id(r) not in chosen]
+        return pack
+
+    def _prefill_pack(self, pack: list[tuple[DecisionRun, concurrent.futures.Future[None]]]) -> None:
+        """The pack's prefixes in one forward; its runs then wait for passes with the others."""
+        try:
+            prefill_pack([r for r, _ in pack], width_step())
+        except Exception as exc:  # the forward failed: every request in it gets the error
+            self._per_request(exc)
+            for _, future in pack:
+                self._settle(future, exc)
+            return
+        self.decision_packs += 1
+        with self._wake:
+            self._decisions += [(r, f) for r, f in pack if not f.done()]
 
     def _pick_pass(self) -> tuple[list[Any], dict[int, concurrent.futures.Future[None]]]:
         """The rows of the next batched decision pass (none while only last turn's pass is read back)."""

@@ -14,6 +14,7 @@ from precision import BF16_PROBABILITY, BF16_TINY_PROBABILITY, tol
 
 from swama.engine.decisions import decide
 from swama.engine.decisions.decide import DecisionJob, DecisionRun, batch_chunks, kv_bytes_per_token
+from swama.engine.decisions.packed_prefill import packable, pick_pack, prefill_pack
 from swama.engine.decisions.scorer import (
     ScoredAnswer,
     decision_choice_view,
@@ -269,7 +270,12 @@ def test_merged_prefixes_lay_out_what_mlx_lm_merges(tiny: LoadedModel) -> None:
     questions = mixed_questions()
     runs = [started(tiny, DecisionJob(text, questions[i:i + 4], 4096))
             for i, text in enumerate([INPUT, OTHER_INPUT, INPUT[:300]])]
-    rows = decide.pick_rows(runs, 9)
+    state = decide.decision_state(tiny)
+    default, state.fused = state.fused, False  # round robin, as the CPU picks (a GPU takes whole runs)
+    try:
+        rows = decide.pick_rows(runs, 9)
+    finally:
+        state.fused = default
     assert [runs.index(run) for run, _ in rows] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
     for run in runs:
         assert [q for r, q in rows if r is run] == run.pending()[:3]
@@ -332,7 +338,7 @@ def test_in_place_passes_equal_passes_over_copies_of_the_prefix(name: str, reque
 
     model = request.getfixturevalue(name)
     state = decide.decision_state(model)
-    default, state.in_place = state.in_place, True  # the default on the CPU; a GPU's is copies
+    default, state.in_place = state.in_place, True  # the default
     run = started(model)
     chunk = run.prepared[:9]
     in_place = run._batch_logits(chunk)
@@ -383,3 +389,154 @@ def test_a_model_whose_attention_bypasses_its_module_falls_back_to_copies(
         assert_close(run.answers, alone)
     finally:
         state.in_place = default
+
+
+# -- prefixes read in packs (engine/decisions/packed_prefill.py) and fused passes ---------------------
+
+SIMILAR = [INPUT, INPUT + " Please hurry.", INPUT[:-40]]  # prefixes of nearly the same length
+
+
+def prepared(model: LoadedModel, texts: list[str], per: int = 4) -> list[DecisionRun]:
+    questions = mixed_questions()
+    runs = [DecisionRun(model, DecisionJob(text, questions[i * per:(i + 1) * per], 4096)) for i, text in enumerate(texts)]
+    for run in runs:
+        run.prepare()
+    return runs
+
+
+@pytest.mark.parametrize("name", ["tiny", "smollm2"])
+@pytest.mark.parametrize("step", [1, 128])
+def test_prefixes_read_in_a_pack_equal_prefixes_read_alone(name: str, step: int, request: pytest.FixtureRequest) -> None:
+    """Each run's keys and values from one right-padded forward over three prefixes (padded to a
+    multiple of `step`, as on a GPU) are those of its prefix read alone, and its cache is a view of
+    its row of the pack."""
+    import mlx.core as mx
+
+    model = request.getfixturevalue(name)
+    alone, packed = prepared(model, SIMILAR), prepared(model, SIMILAR)
+    for run in alone:
+        run.prefill()
+    assert len({run.prefix for run in packed}) == 3 and all(packable(run) for run in packed)
+    prefill_pack(packed, step)
+    for a, b in zip(alone, packed, strict=True):
+        for x, y in zip(a.shared, b.shared, strict=True):
+            assert y.offset == a.prefix and y.pack[2] == packed.index(b)
+            for u, v in zip(x.keys_and_values(), y.keys_and_values(), strict=True):
+                assert u.shape == v.shape
+                assert mx.abs(u - v).max().item() <= PACKED
+
+
+# The keys and values of a prefix read in a pack against alone: float32 rounding of products of
+# another height; bf16, a step of the largest keys' spacing.
+PACKED = tol(1e-4, 0.125)
+
+
+class Prefix:
+    def __init__(self, prefix: int) -> None:
+        self.prefix = prefix
+
+
+def test_a_pack_takes_the_oldest_run_then_prefixes_of_its_length_within_the_budget() -> None:
+    runs = [Prefix(n) for n in (1000, 4000, 990, 1010, 300, 1020, 1000)]
+    # The 4,000-token prefix would pad the others (and the 300 be padded past a quarter): they wait.
+    assert [r.prefix for r in pick_pack(runs, 32768, 1)] == [1000, 990, 1010, 1020, 1000]
+    assert [r.prefix for r in pick_pack(runs, 3100, 1)] == [1000, 990, 1010]  # 3 x 1,010 within the budget
+    assert [r.prefix for r in pick_pack(runs, 32768, 128, powers=True)] == [1000, 990, 1010, 1020]
+    assert [r.prefix for r in pick_pack(runs[1:], 2000, 1)] == [4000]  # the oldest goes, alone if it must
+    assert [r.prefix for r in pick_pack(runs[4:], 32768, 1)] == [300]
+
+
+def test_a_run_with_images_or_no_shared_prefix_is_not_packed(tiny: LoadedModel) -> None:
+    [run] = prepared(tiny, [INPUT], per=1)
+    assert run.prefix == 0 and not packable(run)
+    [run] = prepared(tiny, [INPUT])
+    assert packable(run)
+    run.prefix_reuse = False
+    assert not packable(run)
+
+
+@pytest.mark.parametrize("name", ["tiny", "smollm2"])
+def test_fused_passes_equal_passes_over_copies_of_the_prefix(name: str, request: pytest.FixtureRequest) -> None:
+    """A GPU's pass (every segment's rows end to end in one attention call, segments padded to a
+    power of two, prefixes read from their pack's buffers) gives the logits of the pass that copies
+    every row's prefix: prefixes from one pack, from a pack and alone, in another order; uneven rows."""
+    import mlx.core as mx
+
+    from swama.engine.decisions import shared_prefix
+    from swama.engine.decisions.heads import logits_at
+
+    model = request.getfixturevalue(name)
+    packed = prepared(model, SIMILAR, per=5)
+    prefill_pack(packed, 128)
+    [single] = prepared(model, [OTHER_INPUT], per=3)
+    single.prefill()
+    mixes = [packed, [packed[0], single, packed[2]], packed[::-1], packed[1:]]
+    for runs in mixes if name == "tiny" else mixes[:2]:  # SmolLM2's CPU attention with a mask is slow
+        rows = [(run, q) for run in runs for q in run.prepared[: 5 - runs.index(run)]]  # 5, 4, 3 rows
+        suffixes = [q.ids[run.prefix:] for run, q in rows]
+        width = max(len(s) for s in suffixes)
+        tokens = mx.array([s + [0] * (width - len(s)) for s in suffixes])
+        positions, columns = mx.arange(len(rows)), mx.array([len(s) - 1 for s in suffixes])
+        net, split = runs[0].net, runs[0].split
+        caches = shared_prefix.layer_caches([(run.shared, c) for run, c in decide.consecutive([r for r, _ in rows])],
+                                            fused=True)
+        fused = logits_at(net, split, tokens, caches, positions, columns)
+        assert shared_prefix.attended(caches) and caches[0].layout.groups == (4 if len(runs) == 3 else 2)
+        copies = decide.merged_prefixes([run for run, _ in rows])
+        for layer in copies:
+            layer.prepare(lengths=[len(s) for s in suffixes], right_padding=[width - len(s) for s in suffixes])
+        copied = logits_at(net, split, tokens, copies, positions, columns)
+        assert mx.abs(fused - copied).max().item() <= IN_PLACE
+
+
+def test_fused_passes_take_whole_requests(tiny: LoadedModel) -> None:
+    """Where passes are fused, a pass takes requests whole, in order (the last in part, to fill its
+    rows); elsewhere the questions go round robin."""
+    state = decide.decision_state(tiny)
+    runs = prepared(tiny, SIMILAR)
+    prefill_pack(runs, 1)
+    default = state.fused
+    try:
+        state.fused = True
+        assert [runs.index(r) for r, _ in decide.pick_rows(runs, 9)] == [0, 0, 0, 0, 1, 1, 1, 1, 2]
+        assert [runs.index(r) for r, _ in decide.pick_rows(runs, 3)] == [0, 0, 0]  # the first, in part
+        state.fused = False
+        assert [runs.index(r) for r, _ in decide.pick_rows(runs, 9)] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    finally:
+        state.fused = default
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_requests_waiting_to_start_are_read_in_one_pack(tiny: LoadedModel, fused: bool) -> None:
+    """Three requests arriving while the model is busy have their prefixes read in one forward and
+    their questions scored in one pass, with the answers each gets alone."""
+    state = decide.decision_state(tiny)
+    jobs = [DecisionJob(text, mixed_questions()[i * 4:(i + 1) * 4], 4096) for i, text in enumerate(SIMILAR)]
+    alone = [one_by_one(started(tiny, job)) for job in jobs]
+
+    async def together() -> tuple[list[DecisionRun], Scheduler]:
+        scheduler = Scheduler(tiny, prompt_cache=None)
+        try:
+            runs = [DecisionRun(tiny, job) for job in jobs]
+            for run in runs:
+                run.prepare()
+            gate = threading.Event()
+            held = scheduler.call(gate.wait)
+            deciding = [asyncio.ensure_future(scheduler.decide(run)) for run in runs]
+            await asyncio.sleep(0.1)
+            gate.set()
+            await asyncio.wrap_future(held)
+            await asyncio.gather(*deciding)
+            return runs, scheduler
+        finally:
+            scheduler.close()
+
+    default = state.fused
+    state.fused = fused
+    try:
+        runs, scheduler = asyncio.run(together())
+    finally:
+        state.fused = default
+    assert scheduler.decision_packs == 1 and scheduler.decision_passes == 1
+    assert all(run.shared[0].pack is not None for run in runs)
+    assert_as_alone(runs, alone, BOUND)
