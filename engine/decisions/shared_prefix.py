@@ -13,12 +13,16 @@ once per request (`[1, kv_heads, prefix, dim]`) for the consecutive rows that co
 - each row's queries against its own suffix's keys, causal (right padding stays out of sight).
 
 The math is softmax attention over the concatenated keys, computed in float32; RoPE puts each row's
-first suffix token at its prefix's length, as a cache of that length would. It is the CPU's path
-(decide.py's `DecisionState.in_place`): there it saves the copies and runs the prefix's scores as
-large products, spread over the cores; a GPU keeps MLX's fused attention over copies until the two
-are measured there. `install` puts
-`attention` in front of the model module's `scaled_dot_product_attention` (mlx-lm's, or the CPU
-path's of text/cpu_forward.py); every other cache goes to the function it replaced.
+first suffix token at its prefix's length, as a cache of that length would. On the CPU this saves
+the copies and runs the prefix's scores as large products, spread over the cores.
+
+A GPU's pass (`Layout`, `_fused`) keeps MLX's fused attention instead, one call per layer for all
+rows: each request becomes one sequence, its prefix followed by its rows' suffixes end to end, and a
+mask keeps every row to its prefix and its own suffix. The prefixes are read as slices of the
+buffers their pack was prefilled into (packed_prefill.py), one copy per request and layer rather
+than one per row, and every shape comes from a small set. `install` puts `attention` in front of
+the model module's `scaled_dot_product_attention` (mlx-lm's, or the CPU path's of
+text/cpu_forward.py); every other cache goes to the function it replaced.
 """
 
 from __future__ import annotations
