@@ -657,7 +657,7 @@ def launch_across(rows: Sequence[tuple[DecisionRun, PreparedQuestion]]) -> Pendi
     first = rows[0][0]
     # A fused pass's width from a small set (see shared_prefix.Layout): padding after a row's last
     # real token is never seen by it.
-    width = -(-max(lengths) // FUSED_WIDTH_STEP) * FUSED_WIDTH_STEP if first.state.fused else max(lengths)
+    width = shared_prefix.round_up(max(lengths), FUSED_WIDTH_STEP) if first.state.fused else max(lengths)
     tokens = mx.array([s + [0] * (width - len(s)) for s in suffixes])
     segments = consecutive([run for run, _ in rows])  # `pick_rows` groups each run's rows
     positions, columns = mx.arange(len(rows)), mx.array([n - 1 for n in lengths])

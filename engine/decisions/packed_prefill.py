@@ -9,8 +9,8 @@ its fused attention for the causal mask). Each request's prefix cache is then a 
 the pack's cache: nothing is copied.
 
 `pick_pack` chooses a pack: the oldest waiting request, then every other one whose prefix keeps the
-pack within a token budget and every row's padding within a quarter of the pack's width. A long prefix therefore
-never pads the short ones: it goes with prefixes of its own length, or alone. On a GPU the padded
+pack within a token budget and every row's padding within a quarter of the pack's width. A long
+prefix therefore never pads the short ones: it goes with prefixes of its own length, or alone. On a GPU the padded
 length is rounded up to `GPU_WIDTH_STEP` tokens, so the attention of a pack takes its shape from a
 small set (MLX builds a cuDNN graph for every new shape, with the device idle).
 """
@@ -21,10 +21,11 @@ from collections.abc import Sequence
 
 from swama.engine.decisions.decide import DecisionRun
 from swama.engine.decisions.heads import fill_cache
+from swama.engine.decisions.shared_prefix import GPU_PREFIX_STEP, round_up
 
 GPU_PACK_TOKENS = 32768  # padded tokens in one packed prefill, at most (one prefix may take more alone)
 CPU_PACK_TOKENS = 8192
-GPU_WIDTH_STEP = 128
+GPU_WIDTH_STEP = GPU_PREFIX_STEP  # the passes read the pack's buffers at the same widths
 PADDING = 0.25  # of a pack's width, at most, in any row
 
 
@@ -47,21 +48,19 @@ def packable(run: DecisionRun) -> bool:
     return run.prefix_reuse and run.prefix > 0 and not run.job.images and run.state.plain_cache
 
 
-def padded(n: int, step: int) -> int:
-    return -(-n // step) * step
-
-
 def pick_pack(runs: Sequence[DecisionRun], budget: int, step: int, powers: bool = False) -> list[DecisionRun]:
     """The runs of the next packed prefill, from prepared runs in arrival order (all packable): the
     first, then each later one that keeps the pack within `budget` padded tokens and every row's
-    padding within `PADDING` of the pack's width; with `powers` (a GPU's), as many of those as the largest power of two
-    allows (the others wait for the next pack), so a pack's shape comes from a small set."""
+    padding within `PADDING` of the pack's width; with `powers` (a GPU's), as many of those as the
+    largest power of two allows (the others wait for the next pack), so a pack's shape comes from a
+    small set."""
     pack = [runs[0]]
+    shortest = longest = runs[0].prefix
     for run in runs[1:]:
-        trial = [*pack, run]
-        width = padded(max(r.prefix for r in trial), step)
-        if width * len(trial) <= budget and min(r.prefix for r in trial) >= (1 - PADDING) * width:
-            pack = trial
+        low, width = min(shortest, run.prefix), round_up(max(longest, run.prefix), step)
+        if width * (len(pack) + 1) <= budget and low >= (1 - PADDING) * width:
+            pack.append(run)
+            shortest, longest = low, max(longest, run.prefix)
     return pack[: 1 << (len(pack).bit_length() - 1)] if powers else pack
 
 
@@ -76,7 +75,7 @@ def prefill_pack(runs: Sequence[DecisionRun], step: int = 1) -> None:
     if len(runs) == 1 and step == 1:
         first.prefill()  # exactly as a request alone reads it
         return
-    width = padded(max(run.prefix for run in runs), step)
+    width = round_up(max(run.prefix for run in runs), step)
     tokens = mx.array([run.prepared[0].ids[:run.prefix] + [0] * (width - run.prefix) for run in runs])
     cache = first._cache()
     fill_cache(first.net, tokens, cache)

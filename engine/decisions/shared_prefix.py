@@ -48,13 +48,16 @@ class Segment:
     pack: tuple[Any, Any, int] | None = None
 
 
-def _up(n: int, step: int) -> int:
+GPU_PREFIX_STEP = 128  # on a GPU, prefixes are padded to a multiple of this (a pack's, a fused pass's)
+
+
+def round_up(n: int, step: int) -> int:
     return -(-n // step) * step
 
 
 def _slots(count: int) -> int:
     """Rows a segment's sequence holds: a power of two up to 4, else a multiple of 4 (fewer shapes)."""
-    return 1 << (count - 1).bit_length() if count <= 4 else _up(count, 4)
+    return 1 << (count - 1).bit_length() if count <= 4 else round_up(count, 4)
 
 
 class Layout:
@@ -62,16 +65,14 @@ class Layout:
     query sequence of `slots` rows (at least the longest segment's count; shorter ones repeat their
     last row, whose output is dropped), and the mask that keeps every row to its prefix and its own
     suffix. The segments are padded to a power of two (empty prefixes), the prefixes to a multiple of
-    `WIDTH_STEP`: MLX builds a cuDNN graph for every new attention shape, with the device idle, so
+    `GPU_PREFIX_STEP`: MLX builds a cuDNN graph for every new attention shape, with the device idle, so
     shapes come from a small set. Built at the first layer, when the suffix width and dtype are known."""
-
-    WIDTH_STEP = 128
 
     def __init__(self, segments: list[Segment]) -> None:
         self.segments = segments
         self.groups = 1 << (len(segments) - 1).bit_length()
         self.slots = _slots(max(s.stop - s.start for s in segments))
-        self.width = _up(max(s.keys.shape[2] for s in segments), self.WIDTH_STEP)
+        self.width = round_up(max(s.keys.shape[2] for s in segments), GPU_PREFIX_STEP)
         self.built: tuple[int, Any] | None = None  # (suffix width, dtype) the arrays below are for
         self.gather: Any = None  # [groups * slots] the row each slot reads
         self.scatter: Any = None  # [rows] the slot each row's output is read from
