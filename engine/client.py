@@ -95,6 +95,7 @@ from swama.engine.kinds.speech import Segment as SpeechSegment
 from swama.engine.kinds.tasks import IMAGES_NEED_VISION, Task, require
 from swama.engine.kinds.transcription import SAMPLE_RATE, Transcript
 from swama.engine.kinds.transcription import Segment as TranscriptSegment
+from swama.engine.priority import BATCH
 from swama.engine.ranks.group import (
     EXIT_GROUP_FAILED,
     FAILURE_LINE,
@@ -145,7 +146,7 @@ __all__ = [
     # constants
     "CALIBRATION_METHODS", "CLIENT_CLOSED", "DEBIAS_METHODS", "DECISION", "DEFAULT_MODEL", "DEFAULT_TEMPERATURE", "DEFAULT_TOP_P", "DEVICE_CHOICES",
     "DTYPE_CHOICES", "EFFORT_BUDGETS", "EMBEDDING", "IMAGES_NEED_VISION", "KINDS", "LANGUAGE", "MAX_TOP_LOGPROBS", "NO_SPEECH",
-    "OUT_OF_RANGE",
+    "OUT_OF_RANGE", "BATCH",
     "SAMPLE_RATE", "SPEECH_TO_TEXT", "TEXT_TO_SPEECH", "VISION",
     # types and errors
     "NO_DEFAULTS",

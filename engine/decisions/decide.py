@@ -87,6 +87,7 @@ class DecisionJob:
     # Per question, what it asks beyond the plain reading (debiasing, calibration): the engine's
     # `decide` expands and combines around the scorer, which never sees them. Empty: none.
     adjustments: Sequence[Adjustment] = ()
+    batch: bool = False  # a batch job's line: packed and scored after live requests (engine/priority.py)
 
 
 @dataclass(frozen=True)
@@ -544,7 +545,8 @@ def pick_rows(runs: Sequence[DecisionRun], max_rows: int) -> list[tuple[Decision
     prefix caches within the runs' bounds; returned grouped by run (each run's in order), so each
     run's prefix is laid out once (`merged_prefixes`, or in place). Where passes are fused (a GPU's,
     `DecisionState.fused`) whole runs are taken in order, so a request is mostly answered by one
-    pass; elsewhere the questions are taken round robin over the runs."""
+    pass; elsewhere the questions are taken round robin over the runs. Live runs go first: a batch
+    job's questions (`DecisionJob.batch`) only fill what the live ones leave of the pass."""
     if runs and runs[0].state.in_place and runs[0].state.fused:
         return _whole_runs(runs, max_rows)
     queues = [list(run.pending()) for run in runs]
@@ -552,8 +554,11 @@ def pick_rows(runs: Sequence[DecisionRun], max_rows: int) -> list[tuple[Decision
     taken: list[tuple[int, PreparedQuestion]] = []
     width = prefix = 0
     full = False
+    tiers = [[r for r, run in enumerate(runs) if run.job.batch == batch] for batch in (False, True)]
     while not full and len(taken) < max_rows and any(queues):
-        for r, (run, queue) in enumerate(zip(runs, queues, strict=True)):
+        tier = next(t for t in tiers if any(queues[r] for r in t))  # the batch tier once no live row waits
+        for r in tier:
+            run, queue = runs[r], queues[r]
             if not queue or len(taken) >= max_rows:
                 continue
             q = queue[0]

@@ -33,6 +33,7 @@ from swama.engine.errors import Cancelled, EngineError, Unavailable
 from swama.engine.files.kinds import LANGUAGE
 from swama.engine.files.store import InstalledModel, ModelStore
 from swama.engine.model import LoadedModel
+from swama.engine.priority import BATCH
 from swama.engine.process.channel import connect, encode, frames
 from swama.engine.serving.engine import EngineStatus, check_generation
 from swama.engine.serving.installed import InstalledModels
@@ -318,6 +319,7 @@ class EngineProcess(InstalledModels):
         engine process's batch and decoded here. Stop iterating (or `aclose()`) to cancel."""
         submitted = time.perf_counter()
         check_generation(request, self.settings)
+        request = dataclasses.replace(request, batch=request.batch or BATCH.get())
         installed = self.model(model_id)
         try:
             if installed.kind != LANGUAGE or not self.settings.batching or installed.id in self._unbatched:
@@ -381,6 +383,7 @@ class EngineProcess(InstalledModels):
         return await self._call("score_prompt", model_id, ids, top, temperature)
 
     async def decide(self, model_id: str, job: Any) -> AsyncIterator[Any]:
+        job = dataclasses.replace(job, batch=job.batch or BATCH.get())
         async for result in self._stream("decide", model_id, job):
             yield result
 

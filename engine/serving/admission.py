@@ -55,6 +55,7 @@ class Pending:
     done: int
     extra: Any = None  # what the caller needs once the prompt is read (its row's sampling and budget)
     arrived: int = 0  # the admission's turn when it was added
+    batch: bool = False  # a batch job's line: read after the live prompts waiting with it
 
     @property
     def left(self) -> int:
@@ -97,6 +98,11 @@ class Admission:
 
     def add(self, row: Pending) -> None:
         row.arrived = self.turns
+        if not row.batch:  # live prompts go before the batch lines waiting
+            for i, other in enumerate(self.waiting):
+                if other.batch:
+                    self.waiting.insert(i, row)
+                    return
         self.waiting.append(row)
 
     def __len__(self) -> int:

@@ -30,6 +30,7 @@ from swama.engine.kinds.embeddings import Embeddings, check_dimensions, embed, s
 from swama.engine.kinds.speech import Segment, synthesize
 from swama.engine.kinds.transcription import Transcript, check_language, transcribe
 from swama.engine.model import LoadedModel
+from swama.engine.priority import BATCH
 from swama.engine.ranks import group as ranks
 from swama.engine.ranks.group import STARTUP_TIMEOUT, group_of
 from swama.engine.runtime import compute_dtype, loaded_blas
@@ -149,6 +150,7 @@ class Engine(InstalledModels):
     async def chat(self, model_id: str, request: ChatRequest) -> AsyncIterator[Event]:
         """Events of one generation on a model `model_for` found. Stop iterating (or `aclose()`) to cancel."""
         check_generation(request, self.settings)
+        request = replace(request, batch=request.batch or BATCH.get())
         try:
             if self._scheduled(model_id):
                 async with self.pool.share(model_id, self._rows()) as model:
@@ -277,6 +279,7 @@ class Engine(InstalledModels):
         """Answer decision questions (behind /v1/decisions, /v1/systemone and Clef): the label
         scorer's answers, debiased and calibrated where the job's adjustments ask (see
         engine/decisions/adjust). Without adjustments the scorer's result is returned as it is."""
+        job = replace(job, batch=job.batch or BATCH.get())
         if not any(a.active for a in job.adjustments):
             async for result in self._score(model_id, job):
                 yield result

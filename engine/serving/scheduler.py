@@ -55,6 +55,7 @@ from swama.engine.decisions.packed_prefill import pack_tokens, pick_pack, prefil
 from swama.engine.errors import Cancelled, ContextTooLong, EngineError, Failed, Unavailable
 from swama.engine.kinds.vision import vision_of
 from swama.engine.model import LoadedModel
+from swama.engine.priority import live_first
 from swama.engine.ranks.group import HEARTBEAT, GroupFailed, RankGroup, group_of
 from swama.engine.runtime import on_gpu
 from swama.engine.serving.admission import ALIGN, Admission, Pending
@@ -612,6 +613,7 @@ class Scheduler:
         self._prefills = [(r, f) for r, f in self._prefills if not f.done()]  # gone before they started
         if not self._prefills:
             return []
+        self._prefills = live_first(self._prefills, lambda item: item[0].job.batch)
         runs = pick_pack([r for r, _ in self._prefills], pack_tokens(), width_step(), powers=self.bucketed)
         chosen = {id(r) for r in runs}
         pack = [(r, f) for r, f in self._prefills if id(r) in chosen]
@@ -635,7 +637,7 @@ class Scheduler:
         """The rows of the next batched decision pass (none while only last turn's pass is read back)."""
         with self._wake:
             self._decisions = [(r, f) for r, f in self._decisions if not f.done()]
-            waiting = list(self._decisions)
+            waiting = live_first(self._decisions, lambda item: item[0].job.batch)
         futures = {id(run): future for run, future in waiting}
         return (pick_rows([run for run, _ in waiting], self.decision_rows) if waiting else []), futures
 
@@ -704,7 +706,7 @@ class Scheduler:
 
         for ins in turn.inserts:
             rid, reused = self._join(ins.ids, ins.budget, ins.sampling, stream,
-                                     constraint_processors(self.model, ins.constraint))
+                                     constraint_processors(self.model, ins.constraint), ins.batch)
             if reused != ins.reused:
                 raise GroupFailed(f"rank {self.group.rank} resumed {reused} cached prompt tokens where rank 0 "
                                   f"resumed {ins.reused}; the prompt caches differ")
@@ -804,16 +806,16 @@ class Scheduler:
             if turn is not None and sampling.seed is None and sampling.temperature > 0:
                 # Every rank samples the same tokens from the same logits only with one seed.
                 sampling = dataclasses.replace(sampling, seed=secrets.randbits(63))
-            rid, job.reused = self._join(ids, budget, sampling, stream, job.processors)
+            rid, job.reused = self._join(ids, budget, sampling, stream, job.processors, job.request.batch)
         except Exception as exc:
             job.post(exc)
             return
         self._active[rid] = job
         if turn is not None:
-            turn.inserts.append(Insert(ids, job.reused, budget, sampling, job.request.constraint))
+            turn.inserts.append(Insert(ids, job.reused, budget, sampling, job.request.constraint, job.request.batch))
 
     def _join(self, ids: list[int], budget: int, sampling: Any, stream: Any,
-              extra: list[Any]) -> tuple[int, int]:
+              extra: list[Any], batch: bool = False) -> tuple[int, int]:
         """A prompt queued for the batch's prefill, resumed from the prompt cache: its row id and the
         tokens reused."""
         from mlx_lm.models.cache import make_prompt_cache
@@ -825,7 +827,7 @@ class Scheduler:
         self._generator(stream)
         self._rids += 1
         self._admission.add(Pending(self._rids, ids, cache or make_prompt_cache(self.model.model), reused,
-                                    (budget, sampler, processors)))
+                                    (budget, sampler, processors), batch=batch))
         return self._rids, reused
 
     def _admit_ready(self) -> None:

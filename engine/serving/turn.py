@@ -26,6 +26,7 @@ class Insert:
     budget: int
     sampling: Sampling
     constraint: Constraint | None = None  # a structured output: every rank masks the same tokens
+    batch: bool = False  # a batch job's line: every rank's admission orders it the same way
 
 
 @dataclass

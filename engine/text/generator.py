@@ -78,6 +78,7 @@ class ChatRequest:
     thinking_budget: int | None = None
     # The last message is the start of the answer, which the model continues (Anthropic's prefill).
     continue_final: bool = False
+    batch: bool = False  # a batch job's line: admitted after live requests (engine/priority.py)
 
     @property
     def effective_context_limit(self) -> int:

@@ -540,3 +540,59 @@ def test_requests_waiting_to_start_are_read_in_one_pack(tiny: LoadedModel, fused
     assert scheduler.decision_packs == 1 and scheduler.decision_passes == 1
     assert all(run.shared[0].pack is not None for run in runs)
     assert_as_alone(runs, alone, BOUND)
+
+
+def test_live_questions_fill_a_pass_before_a_batch_job_s(tiny: LoadedModel) -> None:
+    """Round robin runs over the live requests first; a batch job's questions take only what is left."""
+    questions = mixed_questions()
+    batch = DecisionRun(tiny, DecisionJob(INPUT, questions[:6], 4096, batch=True))
+    live = DecisionRun(tiny, DecisionJob(OTHER_INPUT, questions[6:10], 4096))
+    for run in (batch, live):
+        run.start()
+    assert [run for run, _ in decide.pick_rows([batch, live], 4)] == [live] * 4
+    assert [run for run, _ in decide.pick_rows([batch, live], 6)] == [batch] * 2 + [live] * 4  # grouped by run
+    assert [run for run, _ in decide.pick_rows([batch], 4)] == [batch] * 4  # alone, a batch job takes the pass
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_live_request_is_answered_before_batch_jobs_that_waited_longer(tiny: LoadedModel, fused: bool) -> None:
+    """Two batch jobs wait on a busy model, then a live request comes: its prefix is read and its
+    questions scored first, each still with the answers it gets alone."""
+    state = decide.decision_state(tiny)
+    questions = mixed_questions()
+    jobs = [DecisionJob(SIMILAR[0], questions[:8], 4096, batch=True),
+            DecisionJob(SIMILAR[1], questions[8:16], 4096, batch=True),
+            DecisionJob(SIMILAR[2], questions[16:20], 4096)]
+    alone = [one_by_one(started(tiny, job)) for job in jobs]
+    finished: list[int] = []
+
+    async def together() -> list[DecisionRun]:
+        scheduler = Scheduler(tiny, prompt_cache=None)
+        scheduler.decision_rows = 4
+        try:
+            runs = [DecisionRun(tiny, job) for job in jobs]
+            for run in runs:
+                run.prepare()
+            gate = threading.Event()
+            held = scheduler.call(gate.wait)
+            deciding = []
+            for i, run in enumerate(runs):
+                task = asyncio.ensure_future(scheduler.decide(run))
+                task.add_done_callback(lambda _, i=i: finished.append(i))
+                deciding.append(task)
+                await asyncio.sleep(0.05)
+            gate.set()
+            await asyncio.wrap_future(held)
+            await asyncio.gather(*deciding)
+            return runs
+        finally:
+            scheduler.close()
+
+    default = state.fused
+    state.fused = fused
+    try:
+        runs = asyncio.run(together())
+    finally:
+        state.fused = default
+    assert finished[0] == 2, finished  # the live request, though it came last
+    assert_as_alone(runs, alone, BOUND)
