@@ -1,6 +1,6 @@
-"""The `swama` command line: one module per command (serve, run, transcribe, calibrate, and the model
-store's pull, create, list, aliases and rm), each adding its own parser; the flags of the server's
-options are made from the settings (options.py)."""
+"""The `swama` command line: one module per command (serve, run, transcribe, calibrate, the model
+store's pull, create, list, aliases and rm, and batches, a running server's batch jobs), each adding
+its own parser; the flags of the server's options are made from the settings (options.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import logging
 import sys
 
 from swama.engine.client import EngineError, RuntimeSettings, SettingsError, prepare_process, read
-from swama.handlers.cli import calibrate, models, run, serve, transcribe
+from swama.handlers.cli import batches, calibrate, models, run, serve, transcribe
 from swama.handlers.cli.options import export
 from swama.handlers.http.version import package_version
 
@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.add_parser(sub)
     calibrate.add_parser(sub)
     models.add_parsers(sub)
+    batches.add_parser(sub)
     return parser
 
 

@@ -84,6 +84,16 @@ class Metrics:
         r.register(_SpeculationCollector(engine))
         r.register(_SchedulerCollector(engine))
 
+    def watch_batches(self, source: Callable[[], dict[str, int]]) -> None:
+        """Export the lines of batch jobs by state, read from `source` (the batch runner's `line_counts`:
+        "queued", "running" and "finished") at each scrape. Called once, when the app has a runner; the
+        gauges are not exported before."""
+        for state, text in (("queued", "Lines of batch jobs waiting to be answered"),
+                            ("running", "Lines of batch jobs being answered now"),
+                            ("finished", "Lines of batch jobs answered or failed")):
+            gauge = Gauge(f"swama_batch_lines_{state}", text, registry=self.registry)
+            gauge.set_function(lambda state=state: source()[state])
+
     def generation_finished(self, model: str, done: Finished) -> None:
         self.prompt_tokens.labels(model).inc(done.prompt_tokens)
         self.generated_tokens.labels(model).inc(done.completion_tokens)

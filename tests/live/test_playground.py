@@ -838,6 +838,66 @@ def test_models_and_live_metrics(page, model_server: LiveServer) -> None:
     shot(page, "server")
 
 
+def _batch(number: int, status: str, completed: int, failed: int, total: int, model: str | None = "smollm2") -> dict:
+    return {"id": f"batch_{number}", "object": "batch", "endpoint": "/v1/chat/completions", "model": model,
+            "status": status, "input_file_id": f"file-{number}", "output_file_id": None, "error_file_id": None,
+            "completion_window": "24h", "created_at": 1_700_000_000 + number, "metadata": None,
+            "request_counts": {"total": total, "completed": completed, "failed": failed}}
+
+
+def test_running_batch_jobs_show_with_their_progress(browser, empty_server: LiveServer) -> None:
+    """The server view lists the batch jobs not yet over from GET /v1/batches (a stand-in answer here:
+    the real routes are tested with the server), refreshed every 2 s, and nothing when there are none
+    or the route fails."""
+    answer = {"status": 200, "body": {"object": "list", "data": [
+        _batch(4, "in_progress", 117, 3, 200), _batch(3, "completed", 10, 0, 10), _batch(2, "validating", 0, 0, 0, None),
+        _batch(1, "cancelling", 5, 0, 8)], "first_id": "batch_4", "last_id": "batch_1", "has_more": False}}
+    asked: list[tuple[str, str | None]] = []
+
+    def batches(route) -> None:
+        asked.append((route.request.url, route.request.headers.get("authorization")))
+        route.fulfill(status=answer["status"], headers={"Content-Type": "application/json"},
+                      body=json.dumps(answer["body"]))
+
+    page = open_page(browser, empty_server)
+    page.route(re.compile(r"/v1/batches(\?|$)"), batches)
+    page.fill("#api-key", KEY)
+    page.click("#key-save")
+    page.click(".tab[data-tab=server]")
+    page.wait_for_selector("#b-card:not([hidden]) tr[data-batch]")
+    assert asked[0] == (empty_server.url + "/v1/batches?limit=100", f"Bearer {KEY}")
+    rows = page.locator("#b-table tbody tr")
+    assert [rows.nth(i).get_attribute("data-batch") for i in range(rows.count())] == ["batch_4", "batch_2", "batch_1"]
+    assert rows.nth(0).locator("td").all_inner_texts()[:4] == ["batch_4", "smollm2", "/v1/chat/completions",
+                                                               "in_progress"]
+    assert rows.nth(0).locator(".count").inner_text() == "120/200 (60%), 3 failed"
+    assert rows.nth(1).locator("td").nth(1).inner_text() == "\u2013" and rows.nth(1).locator(".count").inner_text() == "0/0"
+    track, bar = (page.locator("tr[data-batch=batch_4] .progress " + part).bounding_box()["width"] for part in (".track", ".bar"))
+    assert abs(bar - 0.6 * track) <= PIXEL
+    shot(page, "batches")
+
+    answer["body"]["data"][0] = _batch(4, "finalizing", 197, 3, 200)
+    page.wait_for_function("() => document.querySelector('tr[data-batch=batch_4] .count').textContent.startsWith('200/200')",
+                           timeout=10_000)
+    answer["body"]["data"] = [_batch(3, "completed", 10, 0, 10)]
+    page.wait_for_selector("#b-card", state="hidden", timeout=10_000)
+    # A route that fails shows nothing either, and no error: a card drawn by hand goes at the next reading.
+    answer.update(status=404, body={"error": {"message": "Not found", "type": "invalid_request_error"}})
+    page.evaluate("renderBatches([{id: 'batch_9', status: 'in_progress', request_counts: {total: 1}}])")
+    assert page.is_visible("#b-card")
+    seen = len(asked)
+    for _ in range(50):
+        if len(asked) > seen:
+            break
+        page.wait_for_timeout(100)
+    assert len(asked) > seen
+    page.wait_for_selector("#b-card", state="hidden", timeout=5_000)
+    assert page.is_hidden("#banner")
+    errors = page.script_errors
+    page.context.close()
+    assert not errors, errors
+
+
 def _png(color: tuple[int, int, int]) -> bytes:
     out = io.BytesIO()
     Image.new("RGB", (32, 32), color).save(out, "PNG")

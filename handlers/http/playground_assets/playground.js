@@ -111,7 +111,10 @@ function showError(box, error) {
 function selectTab(name) {
   for (const tab of $$(".tab")) tab.setAttribute("aria-selected", String(tab.dataset.tab === name));
   for (const panel of $$(".panel")) panel.hidden = panel.id !== `panel-${name}`;
-  if (name === "server") refreshServer();
+  if (name === "server") {
+    refreshServer();
+    refreshBatches();
+  }
 }
 
 function showKeyState() {
@@ -1052,6 +1055,48 @@ async function refreshServer() {
   renderModelTable();
 }
 
+// Batch jobs not yet over, with their progress. None, or an error (a server without the Batch API,
+// a key it refuses), shows nothing: the server view above already reports an unreachable server.
+const BATCH_ACTIVE = ["validating", "in_progress", "finalizing", "cancelling"];
+let batchesBusy = false;
+
+async function refreshBatches() {
+  if (batchesBusy) return; // the last reading is still on its way
+  batchesBusy = true;
+  let active = [];
+  try {
+    const response = await fetch("/v1/batches?limit=100", { headers: authHeaders(), signal: AbortSignal.timeout(10000) });
+    const list = response.ok ? await response.json() : null;
+    if (list && Array.isArray(list.data)) active = list.data.filter((b) => b && BATCH_ACTIVE.includes(b.status));
+  } catch (_) {
+    /* unreachable, too slow, or not JSON: nothing to show */
+  } finally {
+    batchesBusy = false;
+  }
+  renderBatches(active);
+}
+
+// Lines answered or failed, of the total.
+function batchProgress(batch) {
+  const counts = batch.request_counts || {};
+  const total = Number(counts.total) || 0;
+  const failed = Number(counts.failed) || 0;
+  const done = (Number(counts.completed) || 0) + failed;
+  const share = total ? Math.min(1, done / total) : 0;
+  const text = `${done}/${total}${total ? ` (${Math.floor(share * 100)}%)` : ""}${failed ? `, ${failed} failed` : ""}`;
+  const bar = el("div", { class: "bar" });
+  bar.style.width = `${(share * 100).toFixed(2)}%`;
+  return el("div", { class: "progress", "data-share": String(share), title: text },
+    el("div", { class: "track" }, bar), el("span", { class: "count", text }));
+}
+
+function renderBatches(batches) {
+  $("#b-card").hidden = !batches.length;
+  $("#b-table tbody").replaceChildren(...batches.map((b) => el("tr", { "data-batch": b.id },
+    el("td", { text: b.id }), el("td", { text: b.model || "\u2013" }), el("td", { text: b.endpoint || "\u2013" }),
+    el("td", { class: "status", text: b.status }), el("td", {}, batchProgress(b)))));
+}
+
 // ---- start ------------------------------------------------------------------------------------
 
 function start() {
@@ -1122,7 +1167,11 @@ function start() {
   });
   renderHistory();
   loadModels();
-  setInterval(() => { if (!$("#panel-server").hidden) refreshServer(); }, 2000);
+  setInterval(() => {
+    if ($("#panel-server").hidden) return;
+    refreshServer();
+    if (document.visibilityState === "visible") refreshBatches();
+  }, 2000);
   document.body.dataset.ready = "true";
 }
 
