@@ -243,6 +243,89 @@ class AutoCodeInterpreterToolParamType(StrEnum):
     auto = "auto"
 
 
+class Batch(BaseModel):
+    id: StrictStr
+    object: BatchObject
+    endpoint: StrictStr
+    model: StrictStr | None = None
+    errors: BatchErrors | None = None
+    input_file_id: StrictStr
+    completion_window: StrictStr
+    status: BatchStatus
+    output_file_id: StrictStr | None = None
+    error_file_id: StrictStr | None = None
+    created_at: JSONInt
+    in_progress_at: JSONInt | None = None
+    expires_at: JSONInt | None = None
+    finalizing_at: JSONInt | None = None
+    completed_at: JSONInt | None = None
+    failed_at: JSONInt | None = None
+    expired_at: JSONInt | None = None
+    cancelling_at: JSONInt | None = None
+    cancelled_at: JSONInt | None = None
+    request_counts: BatchRequestCounts | None = None
+    usage: BatchUsage | None = None
+    metadata: Metadata | None = None
+
+
+class BatchError(BaseModel):
+    code: StrictStr | None = None
+    message: StrictStr | None = None
+    param: StrictStr | None = None
+    line: JSONInt | None = None
+
+
+class BatchErrors(BaseModel):
+    object: StrictStr | None = None
+    data: list[BatchError] | None = None
+
+
+class BatchFileExpirationAfter(BaseModel):
+    anchor: BatchFileExpirationAfterAnchor
+    seconds: Annotated[JSONInt, Field(ge=3600, le=2592000)]
+
+
+class BatchFileExpirationAfterAnchor(StrEnum):
+    created_at = "created_at"
+
+
+class BatchObject(StrEnum):
+    batch = "batch"
+
+
+class BatchRequestCounts(BaseModel):
+    total: JSONInt
+    completed: JSONInt
+    failed: JSONInt
+
+
+class BatchStatus(StrEnum):
+    validating = "validating"
+    failed = "failed"
+    in_progress = "in_progress"
+    finalizing = "finalizing"
+    completed = "completed"
+    expired = "expired"
+    cancelling = "cancelling"
+    cancelled = "cancelled"
+
+
+class BatchUsage(BaseModel):
+    input_tokens: JSONInt
+    input_tokens_details: BatchUsageInputTokensDetails
+    output_tokens: JSONInt
+    output_tokens_details: BatchUsageOutputTokensDetails
+    total_tokens: JSONInt
+
+
+class BatchUsageInputTokensDetails(BaseModel):
+    cached_tokens: JSONInt
+
+
+class BatchUsageOutputTokensDetails(BaseModel):
+    reasoning_tokens: JSONInt
+
+
 class CallableToolAllowedCaller(StrEnum):
     direct = "direct"
     programmatic = "programmatic"
@@ -1155,6 +1238,29 @@ class CoordParam(BaseModel):
     y: JSONInt
 
 
+class CreateBatchRequest(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    input_file_id: StrictStr
+    endpoint: CreateBatchRequestEndpoint
+    completion_window: CreateBatchRequestCompletionWindow
+    metadata: Metadata | None = None
+    output_expires_after: BatchFileExpirationAfter | None = None
+
+
+class CreateBatchRequestCompletionWindow(StrEnum):
+    field_24h = "24h"
+
+
+class CreateBatchRequestEndpoint(StrEnum):
+    field_v1_responses = "/v1/responses"
+    field_v1_chat_completions = "/v1/chat/completions"
+    field_v1_embeddings = "/v1/embeddings"
+    field_v1_completions = "/v1/completions"
+    field_v1_decisions = "/v1/decisions"
+
+
 class CreateChatCompletionRequest(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
@@ -1563,6 +1669,20 @@ class CreateEmbeddingResponseUsage(BaseModel):
     total_tokens: JSONInt
 
 
+class CreateFileRequest(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    file: bytes
+    purpose: CreateFileRequestPurpose
+    expires_after: FileExpirationAfter | None = None
+
+
+class CreateFileRequestPurpose(StrEnum):
+    batch = "batch"
+    user_data = "user_data"
+
+
 class CreateResponse(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
@@ -1862,6 +1982,16 @@ class CustomToolParamType(StrEnum):
     custom = "custom"
 
 
+class DeleteFileResponse(BaseModel):
+    id: StrictStr
+    object: DeleteFileResponseObject
+    deleted: StrictBool
+
+
+class DeleteFileResponseObject(StrEnum):
+    file = "file"
+
+
 class DetailEnum(StrEnum):
     low = "low"
     high = "high"
@@ -1967,6 +2097,15 @@ class FileDetailEnum(StrEnum):
     auto = "auto"
     low = "low"
     high = "high"
+
+
+class FileExpirationAfter(BaseModel):
+    anchor: FileExpirationAfterAnchor
+    seconds: Annotated[JSONInt, Field(ge=3600, le=2592000)]
+
+
+class FileExpirationAfterAnchor(StrEnum):
+    created_at = "created_at"
 
 
 class FileInputDetail(StrEnum):
@@ -2665,6 +2804,26 @@ class KeyPressActionType(StrEnum):
     keypress = "keypress"
 
 
+class ListBatchesResponse(BaseModel):
+    data: list[Batch]
+    first_id: StrictStr | None = None
+    last_id: StrictStr | None = None
+    has_more: StrictBool
+    object: ListBatchesResponseObject
+
+
+class ListBatchesResponseObject(StrEnum):
+    list = "list"
+
+
+class ListFilesResponse(BaseModel):
+    object: StrictStr
+    data: list[OpenAIFile]
+    has_more: StrictBool
+    first_id: StrictStr | None
+    last_id: StrictStr | None
+
+
 class ListModelsResponse(BaseModel):
     object: ListModelsResponseObject
     data: list[Model]
@@ -3205,6 +3364,39 @@ class NamespaceToolParamType(StrEnum):
 
 class Object(StrEnum):
     response = "response"
+
+
+class OpenAIFile(BaseModel):
+    id: StrictStr
+    bytes: JSONInt
+    created_at: JSONInt
+    expires_at: JSONInt | None = None
+    filename: StrictStr
+    object: OpenAIFileObject
+    purpose: OpenAIFilePurpose
+    status: OpenAIFileStatus
+    status_details: StrictStr | None = None
+
+
+class OpenAIFileObject(StrEnum):
+    file = "file"
+
+
+class OpenAIFilePurpose(StrEnum):
+    assistants = "assistants"
+    assistants_output = "assistants_output"
+    batch = "batch"
+    batch_output = "batch_output"
+    fine_tune = "fine-tune"
+    fine_tune_results = "fine-tune-results"
+    vision = "vision"
+    user_data = "user_data"
+
+
+class OpenAIFileStatus(StrEnum):
+    uploaded = "uploaded"
+    processed = "processed"
+    error = "error"
 
 
 class OutputMessage(BaseModel):

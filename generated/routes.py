@@ -89,6 +89,105 @@ OPERATIONS: dict[str, Operation] = {
         response_model=None,
         error_model=openai_models.ErrorResponse,
     ),
+    'createFile': Operation(
+        operation_id='createFile',
+        method='POST',
+        path='/v1/files',
+        family='openai',
+        handler='routes.files:create_file',
+        media_type='multipart/form-data',
+        request_model=openai_models.CreateFileRequest,
+        response_model=openai_models.OpenAIFile,
+        error_model=openai_models.ErrorResponse,
+    ),
+    'listFiles': Operation(
+        operation_id='listFiles',
+        method='GET',
+        path='/v1/files',
+        family='openai',
+        handler='routes.files:list_files',
+        media_type=None,
+        request_model=None,
+        response_model=openai_models.ListFilesResponse,
+        error_model=openai_models.ErrorResponse,
+    ),
+    'retrieveFile': Operation(
+        operation_id='retrieveFile',
+        method='GET',
+        path='/v1/files/{file_id}',
+        family='openai',
+        handler='routes.files:retrieve_file',
+        media_type=None,
+        request_model=None,
+        response_model=openai_models.OpenAIFile,
+        error_model=openai_models.ErrorResponse,
+    ),
+    'deleteFile': Operation(
+        operation_id='deleteFile',
+        method='DELETE',
+        path='/v1/files/{file_id}',
+        family='openai',
+        handler='routes.files:delete_file',
+        media_type=None,
+        request_model=None,
+        response_model=openai_models.DeleteFileResponse,
+        error_model=openai_models.ErrorResponse,
+    ),
+    'downloadFile': Operation(
+        operation_id='downloadFile',
+        method='GET',
+        path='/v1/files/{file_id}/content',
+        family='openai',
+        handler='routes.files:download_file',
+        media_type=None,
+        request_model=None,
+        response_model=None,
+        error_model=openai_models.ErrorResponse,
+    ),
+    'createBatch': Operation(
+        operation_id='createBatch',
+        method='POST',
+        path='/v1/batches',
+        family='openai',
+        handler='routes.batches:create_batch',
+        media_type='application/json',
+        request_model=openai_models.CreateBatchRequest,
+        response_model=openai_models.Batch,
+        error_model=openai_models.ErrorResponse,
+    ),
+    'listBatches': Operation(
+        operation_id='listBatches',
+        method='GET',
+        path='/v1/batches',
+        family='openai',
+        handler='routes.batches:list_batches',
+        media_type=None,
+        request_model=None,
+        response_model=openai_models.ListBatchesResponse,
+        error_model=openai_models.ErrorResponse,
+    ),
+    'retrieveBatch': Operation(
+        operation_id='retrieveBatch',
+        method='GET',
+        path='/v1/batches/{batch_id}',
+        family='openai',
+        handler='routes.batches:retrieve_batch',
+        media_type=None,
+        request_model=None,
+        response_model=openai_models.Batch,
+        error_model=openai_models.ErrorResponse,
+    ),
+    'cancelBatch': Operation(
+        operation_id='cancelBatch',
+        method='POST',
+        path='/v1/batches/{batch_id}/cancel',
+        family='openai',
+        handler='routes.batches:cancel_batch',
+        media_type=None,
+        request_model=None,
+        response_model=openai_models.Batch,
+        error_model=openai_models.ErrorResponse,
+    ),
     'createDecision': Operation(
         operation_id='createDecision',
         method='POST',
@@ -235,6 +334,51 @@ async def create_transcription(request: Request) -> Response:
 @router.post('/v1/audio/speech', operation_id='createSpeech')
 async def create_speech(request: Request) -> Response:
     return await dispatch(OPERATIONS['createSpeech'], request)
+
+
+@router.post('/v1/files', operation_id='createFile')
+async def create_file(request: Request) -> Response:
+    return await dispatch(OPERATIONS['createFile'], request)
+
+
+@router.get('/v1/files', operation_id='listFiles')
+async def list_files(request: Request) -> Response:
+    return await dispatch(OPERATIONS['listFiles'], request)
+
+
+@router.get('/v1/files/{file_id}', operation_id='retrieveFile')
+async def retrieve_file(request: Request) -> Response:
+    return await dispatch(OPERATIONS['retrieveFile'], request)
+
+
+@router.delete('/v1/files/{file_id}', operation_id='deleteFile')
+async def delete_file(request: Request) -> Response:
+    return await dispatch(OPERATIONS['deleteFile'], request)
+
+
+@router.get('/v1/files/{file_id}/content', operation_id='downloadFile')
+async def download_file(request: Request) -> Response:
+    return await dispatch(OPERATIONS['downloadFile'], request)
+
+
+@router.post('/v1/batches', operation_id='createBatch')
+async def create_batch(request: Request) -> Response:
+    return await dispatch(OPERATIONS['createBatch'], request)
+
+
+@router.get('/v1/batches', operation_id='listBatches')
+async def list_batches(request: Request) -> Response:
+    return await dispatch(OPERATIONS['listBatches'], request)
+
+
+@router.get('/v1/batches/{batch_id}', operation_id='retrieveBatch')
+async def retrieve_batch(request: Request) -> Response:
+    return await dispatch(OPERATIONS['retrieveBatch'], request)
+
+
+@router.post('/v1/batches/{batch_id}/cancel', operation_id='cancelBatch')
+async def cancel_batch(request: Request) -> Response:
+    return await dispatch(OPERATIONS['cancelBatch'], request)
 
 
 @router.post('/v1/decisions', operation_id='createDecision')

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,6 +48,19 @@ def handler_rules() -> dict[str, list[re.Pattern[str]]]:
 def stated_handler_rule(operation_id: str, message: str) -> bool:
     """Whether `message` is the refusal of a rule the operation's overlay lists as handler-only."""
     return any(p.search(message) for p in handler_rules().get(operation_id, []))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _own_data_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Files and batch jobs of in-process apps go to this worker's own folder, never ~/.swama/data
+    (one server per data folder: parallel workers would collide)."""
+    previous = os.environ.get("SWAMA_DATA")
+    os.environ["SWAMA_DATA"] = str(tmp_path_factory.mktemp("data"))
+    yield
+    if previous is None:
+        os.environ.pop("SWAMA_DATA", None)
+    else:
+        os.environ["SWAMA_DATA"] = previous
 
 
 @pytest.fixture(scope="session")

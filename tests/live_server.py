@@ -42,7 +42,9 @@ class LiveServer:
 def start_server(models_root: Path, log: Path, *args: str, env: dict[str, str] | None = None,
                  timeout: float = 120) -> LiveServer:
     port = free_port()
-    full_env = {**os.environ, "SWAMA_MODELS": str(models_root), **(env or {})}
+    # Each server its own data folder (files and batch jobs), unless the test gives one.
+    data = log.parent / f"{log.stem}-data-{port}"
+    full_env = {**os.environ, "SWAMA_MODELS": str(models_root), "SWAMA_DATA": str(data), **(env or {})}
     full_env.pop("SWAMA_API_KEY", None) if "SWAMA_API_KEY" not in (env or {}) else None
     cmd = [sys.executable, "-m", "swama.handlers.cli", "serve", "--port", str(port), "--log-level", "warning",
            *args]

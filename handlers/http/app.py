@@ -9,10 +9,13 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from swama.engine.client import EngineClient, open_engine
 from swama.generated.routes import router
+from swama.handlers.batch.runner import BatchRunner
+from swama.handlers.batch.store import BatchStore
 from swama.handlers.http.errors import ApiError, error_body
 from swama.handlers.http.observability import AccessMiddleware, Metrics
 from swama.handlers.http.openapi import family_for, merged_spec
@@ -28,21 +31,28 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.start()
+        # Files and batch jobs: durable, in the data folder; the jobs left unfinished resume now.
+        store = app.state.batch_store = BatchStore(settings.data_dir)
+        batches = app.state.batches = BatchRunner(app, store, settings.batch_lines, settings.api_key)
+        metrics.watch_batches(batches.line_counts)
+        await batches.start()
         yield
+        await batches.close()
+        store.close()
         await engine.close()
 
     app = FastAPI(title="swama", openapi_url=None, docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.settings = settings
     app.state.engine = engine
     app.include_router(router)
-    _operational_endpoints(app, settings, engine)
+    metrics = _operational_endpoints(app, settings, engine)
     if settings.ui:
         mount_playground(app)
     app.add_exception_handler(StarletteHTTPException, _unknown_route)
     return app
 
 
-def _operational_endpoints(app: FastAPI, settings: ServerSettings, engine: EngineClient) -> None:
+def _operational_endpoints(app: FastAPI, settings: ServerSettings, engine: EngineClient) -> Metrics:
     """/openapi.json, /metrics and /health: beside the API, in no pinned document."""
     metrics = Metrics(engine)
     engine.on_generation = metrics.generation_finished
@@ -68,6 +78,8 @@ def _operational_endpoints(app: FastAPI, settings: ServerSettings, engine: Engin
                              "running": status.running, "waiting": status.waiting, "blas": status.blas,
                              **({"ranks": status.ranks} if status.ranks is not None else {}),
                              **({"engine_process": status.process} if status.process is not None else {})})
+
+    return metrics
 
 
 def _workers_ai_model(path: str) -> str | None:
@@ -99,4 +111,13 @@ async def _unknown_route(request: Request, exc: StarletteHTTPException) -> JSONR
     else:
         message = str(exc.detail)
     err = ApiError(status, message, code=code)
-    return JSONResponse(error_body(family, err), status_code=status, headers=getattr(exc, "headers", None))
+    headers = getattr(exc, "headers", None)
+    if exc.status_code == 405:  # every method the path takes, not only those of the first route that matched it
+        headers = {**(headers or {}), "Allow": ", ".join(_methods_of(request))}
+    return JSONResponse(error_body(family, err), status_code=status, headers=headers)
+
+
+def _methods_of(request: Request) -> list[str]:
+    path = request.url.path
+    return sorted({method for route in request.app.router.routes
+                   if isinstance(route, APIRoute) and route.path_regex.match(path) for method in route.methods})

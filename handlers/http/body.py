@@ -13,10 +13,14 @@ MiB = 1024 * 1024
 TRANSCRIPTION_FILE_LIMIT = 100 * 1000 * 1000
 # Route-specific body limits; everything else gets a generous default so a stray upload cannot
 # exhaust memory.
-BODY_LIMITS = {"/v1/systemone": 13 * MiB, "/v1/audio/transcriptions": TRANSCRIPTION_FILE_LIMIT + 64 * 1024}
+# A batch input file may be as large as OpenAI's 200 MB.
+FILE_LIMIT = 200 * 1000 * 1000
+BODY_LIMITS = {"/v1/systemone": 13 * MiB, "/v1/audio/transcriptions": TRANSCRIPTION_FILE_LIMIT + 64 * 1024,
+               "/v1/files": FILE_LIMIT + 64 * 1024}
 DEFAULT_BODY_LIMIT = 64 * MiB
 TOO_LARGE = {"/v1/systemone": "The request body is larger than 13 MiB.",
-             "/v1/audio/transcriptions": "File size exceeds 100MB limit"}
+             "/v1/audio/transcriptions": "File size exceeds 100MB limit",
+             "/v1/files": f"The file is larger than {FILE_LIMIT} bytes, the most one upload takes."}
 # The Clef cards cap the whole request body at 13 MiB, as /v1/systemone does.
 CLEF_RUN = "/ai/run/@cf/cloudflare/"
 

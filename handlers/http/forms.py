@@ -34,6 +34,7 @@ async def read_form(request: Request, body: bytes, model: type[pydantic.BaseMode
     for name, value in form.multi_items():
         if not isinstance(value, str):
             fields[name] = await value.read()  # an upload: the model's `file` is binary
+            request.state.upload_names = {**getattr(request.state, "upload_names", {}), name: value.filename}
             continue
         key = name.removesuffix("[]")
         kind = kinds.get(key, set())

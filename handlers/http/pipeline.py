@@ -190,7 +190,7 @@ async def dispatch(op: Operation, request: Request) -> Response:
         handler = resolve(op.handler)
         rules = rules_of(handler)
         parsed: pydantic.BaseModel | None = None
-        if op.method == "POST":
+        if op.method == "POST" and op.request_model is not None:  # a POST with no body to read: a cancel
             call.body = await read_body(request, op.path)
             if op.media_type == "multipart/form-data":
                 assert op.request_model is not None

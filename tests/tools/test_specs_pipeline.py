@@ -24,6 +24,9 @@ SERVED = {
       for prefix in ("/client/v4", "") for model in ("clef", "clef-flash")),
     "POST /tokenize", "POST /detokenize",
     "POST /v1/messages", "POST /v1/messages/count_tokens",
+    "POST /v1/files", "GET /v1/files", "GET /v1/files/{file_id}", "DELETE /v1/files/{file_id}",
+    "GET /v1/files/{file_id}/content", "POST /v1/batches", "GET /v1/batches", "GET /v1/batches/{batch_id}",
+    "POST /v1/batches/{batch_id}/cancel",
 }
 
 

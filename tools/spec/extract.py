@@ -207,7 +207,7 @@ def rename_components(doc: dict[str, Any], prefix: str) -> None:
 ERROR_STATUSES = {
     "400": "Bad request",
     "401": "Missing or wrong API key",
-    "404": "Model not installed",
+    "404": "Not found: a model that is not installed, or an id this server does not hold",
     "413": "Request body too large",
     "429": "Too many requests waiting; retry after the Retry-After header's seconds",
     "500": "Server failure",
@@ -235,7 +235,9 @@ def build_operations(doc: dict[str, Any], source: Source,
             upstream["operationId"] = op.operation_id
         ok = {code: body for code, body in upstream["responses"].items() if code.startswith("2")}
         statuses = dict(statuses_served or ERROR_STATUSES)
-        if op.method == "get":
+        if op.errors is not None:
+            statuses = {k: v for k, v in statuses.items() if k in op.errors}
+        elif op.method == "get":
             statuses = {k: v for k, v in statuses.items() if k in ("401", "500")}
         ok.update(_error_responses(op.error_schema, statuses))
         upstream["responses"] = ok

@@ -17,6 +17,7 @@ class Operation:
     handler: str  # "module:function" under swama.handlers
     operation_id: str | None = None  # overrides the upstream operationId
     error_schema: str = "ErrorResponse"
+    errors: tuple[str, ...] | None = None  # the error statuses it answers (default: by its method)
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,22 @@ OPENAI = Source(
         Operation("post", "/embeddings", "/v1/embeddings", "routes.embeddings:create_embedding"),
         Operation("post", "/audio/transcriptions", "/v1/audio/transcriptions", "routes.transcriptions:create_transcription"),
         Operation("post", "/audio/speech", "/v1/audio/speech", "routes.speech:create_speech"),
+        Operation("post", "/files", "/v1/files", "routes.files:create_file",
+                  errors=("400", "401", "413", "500")),
+        Operation("get", "/files", "/v1/files", "routes.files:list_files", errors=("400", "401", "500")),
+        Operation("get", "/files/{file_id}", "/v1/files/{file_id}", "routes.files:retrieve_file",
+                  errors=("401", "404", "500")),
+        Operation("delete", "/files/{file_id}", "/v1/files/{file_id}", "routes.files:delete_file",
+                  errors=("400", "401", "404", "500")),
+        Operation("get", "/files/{file_id}/content", "/v1/files/{file_id}/content", "routes.files:download_file",
+                  errors=("401", "404", "500")),
+        Operation("post", "/batches", "/v1/batches", "routes.batches:create_batch",
+                  errors=("400", "401", "404", "413", "500")),
+        Operation("get", "/batches", "/v1/batches", "routes.batches:list_batches", errors=("400", "401", "500")),
+        Operation("get", "/batches/{batch_id}", "/v1/batches/{batch_id}", "routes.batches:retrieve_batch",
+                  errors=("401", "404", "500")),
+        Operation("post", "/batches/{batch_id}/cancel", "/v1/batches/{batch_id}/cancel", "routes.batches:cancel_batch",
+                  errors=("400", "401", "404", "500")),
     ),
 )
 
