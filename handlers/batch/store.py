@@ -115,7 +115,8 @@ class BatchStore:
         with self._tx() as db:
             db.execute("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?)",
                        (file_id, purpose, filename, len(data), now, expires_at))
-        return self.file(file_id) or {}
+        return {"id": file_id, "purpose": purpose, "filename": filename, "bytes": len(data), "created_at": now,
+                "expires_at": expires_at}
 
     def file(self, file_id: str) -> dict[str, Any] | None:
         rows = self._query("SELECT * FROM files WHERE id = ?", (file_id,))

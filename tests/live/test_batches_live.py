@@ -16,18 +16,25 @@ from typing import Any
 
 import httpx
 import pytest
+from conftest import SMOLLM2_ID, make_store
 from openai import OpenAI
 
 from live_server import LiveServer, start_server
 
 KEY = "batch-key"
+MINILM_ID = "sentence-transformers/all-MiniLM-L6-v2"
 FINAL = ("completed", "failed", "expired", "cancelled")
 
 
 @pytest.fixture(scope="module")
-def server(model_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+def batch_store(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path, minilm_dir: Path) -> Path:
+    return make_store(tmp_path_factory, "batch-store", {SMOLLM2_ID: smollm2_dir, MINILM_ID: minilm_dir})
+
+
+@pytest.fixture(scope="module")
+def server(batch_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     log = tmp_path_factory.mktemp("batches") / "batch-server.log"
-    live = start_server(model_store, log, "smollm2", "--api-key", KEY)
+    live = start_server(batch_store, log, "smollm2", "--api-key", KEY)
     yield live
     live.stop()
 
@@ -121,6 +128,24 @@ def test_decision_and_completion_jobs(client: OpenAI) -> None:
         assert abs(got["probability"] - want["probability"]) < 1e-4
     texts = [x["response"]["body"]["choices"][0]["text"] for x in read_lines(client, completion.output_file_id)]
     assert len(texts) == 2 and all(isinstance(t, str) for t in texts)
+
+
+def test_embedding_and_responses_jobs(client: OpenAI) -> None:
+    texts = ["The invoice was wrong.", "The app crashes."]
+    embeddings = submit(client, [line(f"e{i}", "/v1/embeddings", {"model": MINILM_ID, "input": t})
+                                 for i, t in enumerate(texts)], "/v1/embeddings")
+    responses = submit(client, [line("r0", "/v1/responses", {"model": "smollm2", "input": "Say hi.",
+                                                             "max_output_tokens": 4, "temperature": 0})],
+                       "/v1/responses")
+    embeddings, responses = finished(client, embeddings.id), finished(client, responses.id)
+    assert embeddings.status == responses.status == "completed"
+    vectors = {x["custom_id"]: x["response"]["body"]["data"][0]["embedding"]
+               for x in read_lines(client, embeddings.output_file_id)}
+    for i, text in enumerate(texts):
+        live = client.embeddings.create(model=MINILM_ID, input=text).data[0].embedding
+        assert max(abs(a - b) for a, b in zip(vectors[f"e{i}"], live, strict=True)) < 1e-5
+    [answer] = read_lines(client, responses.output_file_id)
+    assert answer["custom_id"] == "r0" and answer["response"]["body"]["object"] == "response"
 
 
 def test_bad_input_gets_a_clear_4xx(client: OpenAI, server: LiveServer) -> None:
