@@ -23,9 +23,9 @@ MAX_LIST = 10_000
 
 def store_of(call: Call) -> BatchStore:
     store = getattr(call.request.app.state, "batch_store", None)
-    if store is None:  # an app whose lifespan never ran (in-process tests)
-        raise ApiError(503, "Files and batches are not available: the server has not started its data store.",
-                       code="unavailable")
+    if store is None:  # an app whose lifespan never ran: a replica behind Ray Serve, an in-process test
+        raise ApiError(503, "Files and batches are served by a single `swama serve` (not by replicas behind "
+                            "--replicas): this server has no data store.", code="unavailable")
     return store
 
 

@@ -211,7 +211,7 @@ ERROR_STATUSES = {
     "413": "Request body too large",
     "429": "Too many requests waiting; retry after the Retry-After header's seconds",
     "500": "Server failure",
-    "503": "Timed out waiting for the model",
+    "503": "Unavailable for now: the model timed out or is unloading, or the server lacks what the route needs",
 }
 # Anthropic's own status for an overloaded API (its clients retry it as they retry a 503).
 ANTHROPIC_ERROR_STATUSES = {**ERROR_STATUSES, "529": "Overloaded"}
