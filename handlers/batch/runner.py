@@ -190,7 +190,11 @@ class BatchRunner:
             response = await dispatch(OPERATIONS[ENDPOINT_OPERATIONS[endpoint]], Request(scope, receive))
         finally:
             BATCH.reset(token)
-        return response.status_code, json.loads(bytes(response.body))
+        body = getattr(response, "body", None)
+        if body is None:  # a streamed answer: no route gives one to a line without `stream`, but never hang on it
+            return 500, {"error": {"message": "The route answered with a stream, which a batch cannot hold.",
+                                   "type": "server_error", "param": None, "code": "server_error"}}
+        return response.status_code, json.loads(bytes(body))
 
     # -- the end of a job --------------------------------------------------------------------------
 
