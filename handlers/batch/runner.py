@@ -110,14 +110,15 @@ class BatchRunner:
         if record["status"] == "in_progress":
             await self._run_lines(record)
         record = self.store.batch(batch_id) or record
+        # Writing the files may take a while for a large job: off the event loop.
         if record["status"] == "cancelling":
-            self._finalize(record, "cancelled")
+            await asyncio.to_thread(self._finalize, record, "cancelled")
         elif record["status"] in ("in_progress", "finalizing"):
             expired = record["expires_at"] is not None and time.time() >= record["expires_at"]
             if expired:
-                self._expire_pending(batch_id)
+                await asyncio.to_thread(self._expire_pending, batch_id)
             self.store.set_status(batch_id, "finalizing", only_from=("in_progress",))
-            self._finalize(record, "expired" if expired else "completed")
+            await asyncio.to_thread(self._finalize, record, "expired" if expired else "completed")
 
     async def _run_lines(self, record: dict[str, Any]) -> None:
         batch_id, endpoint = record["id"], record["endpoint"]
