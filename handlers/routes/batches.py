@@ -15,9 +15,9 @@ from swama.generated.openai_models import CreateBatchRequest
 from swama.handlers.batch.input import batch_lines
 from swama.handlers.batch.runner import BatchRunner
 from swama.handlers.batch.store import BatchStore
-from swama.handlers.http.errors import ApiError, bad_request
+from swama.handlers.http.errors import bad_request
 from swama.handlers.http.pipeline import Call, RouteRules, route
-from swama.handlers.routes.files import no_file, present, query_limit, store_of
+from swama.handlers.routes.files import by_id, no_such, present, query_limit, store_of
 
 RULES = RouteRules(handled=frozenset({"input_file_id", "endpoint", "completion_window", "metadata",
                                       "output_expires_after"}))
@@ -50,16 +50,8 @@ def batch_view(store: BatchStore, record: dict[str, Any]) -> dict[str, Any]:
     })
 
 
-def no_batch(batch_id: str) -> ApiError:
-    return ApiError(404, f"No batch with id '{batch_id}'.", code="not_found", param="batch_id")
-
-
 def _batch(call: Call) -> dict[str, Any]:
-    batch_id = call.request.path_params["batch_id"]
-    record = store_of(call).batch(batch_id)
-    if record is None:
-        raise no_batch(batch_id)
-    return record
+    return by_id(call, "batch", store_of(call).batch)
 
 
 @route(RULES)
@@ -67,7 +59,7 @@ async def create_batch(call: Call, request: CreateBatchRequest) -> dict[str, Any
     store = store_of(call)
     source = store.file(request.input_file_id)
     if source is None:
-        raise no_file(request.input_file_id)
+        raise no_such("file", request.input_file_id, "input_file_id")
     if source["purpose"] != "batch":
         raise bad_request(f"File '{source['id']}' has purpose '{source['purpose']}'; a batch reads files of purpose "
                           "'batch'.", param="input_file_id")

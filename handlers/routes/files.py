@@ -7,6 +7,7 @@ path under its own folder: nothing a client sends ever becomes a path on disk.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import Response
@@ -40,16 +41,21 @@ def file_view(record: dict[str, Any]) -> dict[str, Any]:
                     "status": "processed"})
 
 
-def no_file(file_id: str) -> ApiError:
-    return ApiError(404, f"No file with id '{file_id}'.", code="not_found", param="file_id")
+def no_such(kind: str, value: str, param: str | None = None) -> ApiError:
+    return ApiError(404, f"No {kind} with id '{value}'.", code="not_found", param=param or f"{kind}_id")
+
+
+def by_id(call: Call, kind: str, lookup: Callable[[str], dict[str, Any] | None]) -> dict[str, Any]:
+    """The record the path's `<kind>_id` names, or a 404."""
+    value = call.request.path_params[f"{kind}_id"]
+    record = lookup(value)
+    if record is None:
+        raise no_such(kind, value)
+    return record
 
 
 def _file(call: Call) -> dict[str, Any]:
-    file_id = call.request.path_params["file_id"]
-    record = store_of(call).file(file_id)
-    if record is None:
-        raise no_file(file_id)
-    return record
+    return by_id(call, "file", store_of(call).file)
 
 
 def query_limit(call: Call, default: int, most: int) -> int:

@@ -506,23 +506,30 @@ def test_fused_passes_take_whole_requests(tiny: LoadedModel) -> None:
         state.fused = default
 
 
-@pytest.mark.parametrize("fused", [False, True])
-def test_requests_waiting_to_start_are_read_in_one_pack(tiny: LoadedModel, fused: bool) -> None:
-    """Three requests arriving while the model is busy have their prefixes read in one forward and
-    their questions scored in one pass, with the answers each gets alone."""
-    state = decide.decision_state(tiny)
-    jobs = [DecisionJob(text, mixed_questions()[i * 4:(i + 1) * 4], 4096) for i, text in enumerate(SIMILAR)]
-    alone = [one_by_one(started(tiny, job)) for job in jobs]
+def decided_while_busy(model: LoadedModel, jobs: list[DecisionJob], fused: bool, rows: int | None = None,
+                       stagger: float = 0.0) -> tuple[list[DecisionRun], Scheduler, list[int]]:
+    """The jobs' runs prepared, then decided through one scheduler (fused passes or not; `rows` a pass)
+    while the model is held busy until all of them wait, `stagger` seconds apart: the runs, the
+    scheduler and the order in which the requests were answered."""
+    state = decide.decision_state(model)
+    answered: list[int] = []
 
     async def together() -> tuple[list[DecisionRun], Scheduler]:
-        scheduler = Scheduler(tiny, prompt_cache=None)
+        scheduler = Scheduler(model, prompt_cache=None)
+        if rows is not None:
+            scheduler.decision_rows = rows
         try:
-            runs = [DecisionRun(tiny, job) for job in jobs]
+            runs = [DecisionRun(model, job) for job in jobs]
             for run in runs:
                 run.prepare()
             gate = threading.Event()
             held = scheduler.call(gate.wait)
-            deciding = [asyncio.ensure_future(scheduler.decide(run)) for run in runs]
+            deciding = []
+            for i, run in enumerate(runs):
+                task = asyncio.ensure_future(scheduler.decide(run))
+                task.add_done_callback(lambda _, i=i: answered.append(i))
+                deciding.append(task)
+                await asyncio.sleep(stagger)
             await asyncio.sleep(0.1)
             gate.set()
             await asyncio.wrap_future(held)
@@ -537,6 +544,16 @@ def test_requests_waiting_to_start_are_read_in_one_pack(tiny: LoadedModel, fused
         runs, scheduler = asyncio.run(together())
     finally:
         state.fused = default
+    return runs, scheduler, answered
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_requests_waiting_to_start_are_read_in_one_pack(tiny: LoadedModel, fused: bool) -> None:
+    """Three requests arriving while the model is busy have their prefixes read in one forward and
+    their questions scored in one pass, with the answers each gets alone."""
+    jobs = [DecisionJob(text, mixed_questions()[i * 4:(i + 1) * 4], 4096) for i, text in enumerate(SIMILAR)]
+    alone = [one_by_one(started(tiny, job)) for job in jobs]
+    runs, scheduler, _ = decided_while_busy(tiny, jobs, fused)
     assert scheduler.decision_packs == 1 and scheduler.decision_passes == 1
     assert all(run.shared[0].pack is not None for run in runs)
     assert_as_alone(runs, alone, BOUND)
@@ -558,41 +575,11 @@ def test_live_questions_fill_a_pass_before_a_batch_job_s(tiny: LoadedModel) -> N
 def test_a_live_request_is_answered_before_batch_jobs_that_waited_longer(tiny: LoadedModel, fused: bool) -> None:
     """Two batch jobs wait on a busy model, then a live request comes: its prefix is read and its
     questions scored first, each still with the answers it gets alone."""
-    state = decide.decision_state(tiny)
     questions = mixed_questions()
     jobs = [DecisionJob(SIMILAR[0], questions[:8], 4096, batch=True),
             DecisionJob(SIMILAR[1], questions[8:16], 4096, batch=True),
             DecisionJob(SIMILAR[2], questions[16:20], 4096)]
     alone = [one_by_one(started(tiny, job)) for job in jobs]
-    finished: list[int] = []
-
-    async def together() -> list[DecisionRun]:
-        scheduler = Scheduler(tiny, prompt_cache=None)
-        scheduler.decision_rows = 4
-        try:
-            runs = [DecisionRun(tiny, job) for job in jobs]
-            for run in runs:
-                run.prepare()
-            gate = threading.Event()
-            held = scheduler.call(gate.wait)
-            deciding = []
-            for i, run in enumerate(runs):
-                task = asyncio.ensure_future(scheduler.decide(run))
-                task.add_done_callback(lambda _, i=i: finished.append(i))
-                deciding.append(task)
-                await asyncio.sleep(0.05)
-            gate.set()
-            await asyncio.wrap_future(held)
-            await asyncio.gather(*deciding)
-            return runs
-        finally:
-            scheduler.close()
-
-    default = state.fused
-    state.fused = fused
-    try:
-        runs = asyncio.run(together())
-    finally:
-        state.fused = default
-    assert finished[0] == 2, finished  # the live request, though it came last
+    runs, _, answered = decided_while_busy(tiny, jobs, fused, rows=4, stagger=0.05)
+    assert answered[0] == 2, answered  # the live request, though it came last
     assert_as_alone(runs, alone, BOUND)
