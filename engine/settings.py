@@ -39,6 +39,7 @@ GPU_PREFILL_WAIT = 4
 # PROMPT_CACHE_CAP bytes.
 PROMPT_CACHE_FRACTION = 0.10
 PROMPT_CACHE_CAP = 4 << 30
+PROMPT_DISK_BYTES = 8 << 30  # the prompt cache's disk tier, per model
 DEVICE_CHOICES = ("auto", "gpu", "cpu")
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 BLAS_CHOICES = ("auto", "openblas", "mkl", "bundled")
@@ -106,6 +107,16 @@ class EngineSettings(StoreSettings):
         None, "key/value cache kept per model so a conversation's next turn resumes its prompt instead of "
               "prefilling it again (0 turns it off)", metavar="BYTES",
         default_text=f"{PROMPT_CACHE_FRACTION:.0%} of memory, at most {PROMPT_CACHE_CAP >> 30} GiB", ge=0)
+    data_root: Path | None = option(
+        None, "where files, batch jobs and the prompt cache's disk tier live; they outlive the server",
+        env="SWAMA_DATA", flags=("--data",), metavar="DIR", default_text="'data' beside the model store")
+    prompt_cache_dir: Path | None = option(
+        None, "where the prompt cache keeps key/value blocks on disk, so prompts resume across restarts, "
+              "unloads and evictions (a folder per model)", metavar="DIR", default_text="DATA/prompt-cache")
+    prompt_cache_disk_bytes: int = option(
+        PROMPT_DISK_BYTES, "disk the prompt cache's blocks may take per model; the least recently used go "
+                           "first (0 keeps no blocks on disk)", metavar="BYTES", ge=0,
+        default_text=f"{PROMPT_DISK_BYTES >> 30} GiB")
     engine_process: bool = option(
         True, "run the server's engine in the server's own process instead of one of its own (where the loop "
               "that drives the device shares no interpreter lock with HTTP, templates and text work, and a "
@@ -169,6 +180,17 @@ class EngineSettings(StoreSettings):
         if self.speculative == "draft" and not self.draft_model:
             raise ValueError("--speculative draft needs --draft-model NAME (a smaller model with the same tokenizer)")
         return self
+
+    @property
+    def data_dir(self) -> Path:
+        """Where files, batch jobs and the prompt cache's blocks live: --data, else `data` beside the model store."""
+        return (self.data_root or self.models_root.expanduser().parent / "data").expanduser()
+
+    def prompt_disk_dir(self) -> Path | None:
+        """The prompt cache's disk tier, None when it is off (no prompt cache, or no disk budget)."""
+        if self.prompt_cache_budget() == 0 or self.prompt_cache_disk_bytes == 0:
+            return None
+        return (self.prompt_cache_dir or self.data_dir / "prompt-cache").expanduser()
 
     def prompt_cache_budget(self) -> int:
         """Bytes of prompt cache per model (0: none)."""

@@ -43,7 +43,7 @@ from swama.engine.settings import EngineSettings, SettingsError
 from swama.engine.speculative.policy import speculation_of
 from swama.engine.text.generator import ChatRequest, Event, Finished, generate, prompt_ids
 from swama.engine.text.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, prompt_logprobs
-from swama.engine.text.prompt_cache import PromptCache, prompt_cache_of
+from swama.engine.text.prompt_cache import PromptCache, prompt_cache_for, prompt_cache_of
 from swama.engine.text.tokenize import Tokenized, TokenizeJob, text_of, tokens_of
 
 log = logging.getLogger("swama.engine")
@@ -241,8 +241,11 @@ class Engine(InstalledModels):
     def _scheduler(self, model: LoadedModel) -> Scheduler:
         scheduler = model.beside.get(Scheduler)
         if scheduler is None:
-            budget = self.settings.prompt_cache_budget()
-            cache = PromptCache(budget) if budget > 0 else None
+            # A model split across ranks keeps its prompt cache in memory: every rank must resume the
+            # same prefix, which one rank's disk cannot promise for the others.
+            disk = self.settings.prompt_disk_dir() if group_of(model) is None else None
+            cache = prompt_cache_for(model, self.settings.prompt_cache_budget(), disk,
+                                     self.settings.prompt_cache_disk_bytes)
             model.beside.set(PromptCache, cache)  # the same cache for requests served alone
             scheduler = Scheduler(model, prompt_cache=cache, batching=self.settings.batching,
                                   rows=self.settings.batch_rows, prefill_step=self.settings.prefill_step,

@@ -7,15 +7,21 @@ midway gets a sliced copy. So no two rows of a batch ever write the same arrays.
 evicted least recently used first once their key/value arrays exceed the byte budget. Only caches
 that can be cut back to any prefix (plain attention key/value caches) take part; sliding-window and
 recurrent layers cannot be cut back, so models with them always prefill in full.
+
+With a disk tier (text/prompt_disk.py) every entry put here is also written to disk in blocks, by a
+writer thread, and a prompt the entries cannot serve as far as its blocks on disk reach reads those
+blocks back instead: across restarts, unloads and evictions, and across sessions that share a prefix.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from swama.engine.model import LoadedModel
+from swama.engine.text.prompt_disk import BLOCK, DiskTier, fingerprint
 
 
 def cacheable(cache: list[Any]) -> bool:
@@ -58,11 +64,19 @@ class _Entry:
 
 
 class PromptCache:
-    def __init__(self, budget: int) -> None:
+    def __init__(self, budget: int, disk: DiskTier | None = None, layers: int = 0) -> None:
         self.budget = budget
+        self.disk = disk  # with the model's layer count, which its blocks must have
+        self.layers = layers
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         self._bytes = 0  # the entries' bytes
         self._next = 0
+        self.from_disk = 0  # tokens the last `take` read from the disk tier (0: none, or from memory)
+
+    def close(self) -> None:
+        """With the model: the blocks handed to the disk tier's writer reach the disk first."""
+        if self.disk is not None:
+            self.disk.flush()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -89,6 +103,17 @@ class PromptCache:
                 best, best_len = key, shared
         reuse = min(best_len, len(ids) - 1)
         reuse -= reuse % multiple
+        self.from_disk = 0
+        if self.disk is not None and len(ids) - 1 - reuse >= BLOCK:  # its blocks may reach further
+            names = self.disk.present(ids, len(ids) - 1)
+            if len(names) * BLOCK > reuse:
+                cache = self.disk.read(ids, names, self.layers)
+                found = cache[0].offset if cache is not None else 0
+                if found > reuse and found % multiple == 0:
+                    self.disk.stats.hits += 1
+                    self.from_disk = found
+                    return cache, found
+            self.disk.stats.misses += 1
         if best is None or reuse <= 0:
             return None, 0
         entry = self._entries[best]
@@ -104,7 +129,7 @@ class PromptCache:
         import mlx.core as mx
 
         nbytes = sum(c.nbytes for c in cache)
-        if not tokens or nbytes > self.budget:
+        if not tokens or (nbytes > self.budget and self.disk is None):
             return
         # Evaluated now: a lazy slice of a batch's cache would keep the whole batch's arrays alive.
         mx.eval([c.state for c in cache])
@@ -117,6 +142,25 @@ class PromptCache:
         self._next += 1
         while self._bytes > self.budget:
             self._bytes -= self._entries.popitem(last=False)[1].nbytes
+        if self.disk is not None:
+            self.disk.write(held, cache)
+
+
+def prompt_cache_for(model: LoadedModel, budget: int, disk_dir: Path | None, disk_bytes: int) -> PromptCache | None:
+    """A model's prompt cache (None for a budget of 0), with a disk tier under `disk_dir` when the
+    model's caches can be cut back to any prefix."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from swama.engine.runtime import compute_dtype
+
+    if budget <= 0:
+        return None
+    caches = make_prompt_cache(model.model)
+    if disk_dir is None or not cacheable(caches):
+        return PromptCache(budget)
+    dtype = compute_dtype()
+    name = fingerprint(model.path, str(dtype))
+    return PromptCache(budget, DiskTier(disk_dir / name, name, disk_bytes), len(caches))
 
 
 def prompt_cache_of(model: LoadedModel) -> PromptCache | None:

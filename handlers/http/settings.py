@@ -39,9 +39,6 @@ class ServerSettings(EngineSettings):
         "none", "the x_calibration a decision question gets when neither it nor its request names one (fitted: "
                 "where the model has a fitted temperature for the question's kind)",
         choices=CALIBRATION_METHODS)
-    data_root: Path | None = option(
-        None, "where files and batch jobs live (a SQLite database and the files' bytes); they outlive the server",
-        env="SWAMA_DATA", flags=("--data",), metavar="DIR", default_text="'data' beside the model store")
     batch_lines: int = option(16, "lines of one batch job answered at once; live requests still go first",
                               metavar="N", ge=1, le=4096)
     # The model `swama serve MODEL` was started with: the command's argument, not a flag.
@@ -107,11 +104,6 @@ class ServerSettings(EngineSettings):
             raise ValueError("--replicas with --ranks or --hostfile is not served yet: a replica here is one process "
                              "(docs/scale.md)")
         return self
-
-    @property
-    def data_dir(self) -> Path:
-        """Where files and batch jobs live: --data, else `data` beside the model store."""
-        return (self.data_root or self.models_root.expanduser().parent / "data").expanduser()
 
     @property
     def rank_group(self) -> bool:
