@@ -69,6 +69,8 @@ class EngineStatus:
     # started (engine/serving/timing.py PARTS), and its turns and decode steps.
     scheduler: dict[str, dict[str, float]] = field(default_factory=dict)
     process: dict[str, Any] | None = None  # the engine process (pid, restarts), when the engine runs in one
+    # Per model with a prompt cache, per tier ("memory", "disk"): PromptCache.counters.
+    prompt_cache: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
 
     @property
     def kv_cache_usage(self) -> float:
@@ -113,11 +115,13 @@ class Engine(InstalledModels):
         held = budget = 0
         speculation: dict[str, dict[str, int]] = {}
         clocks: dict[str, dict[str, float]] = {}
+        tiers: dict[str, dict[str, dict[str, int]]] = {}
         for model in self.pool.loaded_models():
             cache, scheduler = prompt_cache_of(model), model.beside.get(Scheduler)
             if cache is not None:
                 held += cache.nbytes
                 budget += cache.budget
+                tiers[model.id] = cache.counters()
             if scheduler is not None:
                 held += scheduler.kv_bytes()
                 clocks[model.id] = scheduler.clock.reading()
@@ -128,7 +132,8 @@ class Engine(InstalledModels):
                                              "steps": counters.steps, "plain_steps": counters.plain_steps}
         return EngineStatus(self.pool.loaded(), self.pool.running(), self.pool.waiting(), self._blas,
                             int(mx.get_active_memory()), int(mx.get_cache_memory()), held, budget,
-                            group.status() if group is not None else None, speculation, clocks)
+                            group.status() if group is not None else None, speculation, clocks,
+                            prompt_cache=tiers)
 
     async def refresh(self) -> None:
         """Nothing to do: status() reads this engine's state as it is."""

@@ -72,6 +72,17 @@ class PromptCache:
         self._bytes = 0  # the entries' bytes
         self._next = 0
         self.from_disk = 0  # tokens the last `take` read from the disk tier (0: none, or from memory)
+        self.hits = self.misses = self.evicted = 0  # the memory tier's, since the model was loaded
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        """Per tier: prompts served (hits) and not (misses), bytes held, blocks or entries evicted; the
+        disk's also tokens read, bytes written and damaged files removed."""
+        tiers = {"memory": {"hits": self.hits, "misses": self.misses, "bytes": self._bytes, "evictions": self.evicted}}
+        if self.disk is not None:
+            s = self.disk.stats
+            tiers["disk"] = {"hits": s.hits, "misses": s.misses, "bytes": self.disk.nbytes, "evictions": s.evicted,
+                             "read_tokens": s.read_tokens, "written_bytes": s.written_bytes, "rejected": s.rejected}
+        return tiers
 
     def close(self) -> None:
         """With the model: the blocks handed to the disk tier's writer reach the disk first."""
@@ -115,7 +126,9 @@ class PromptCache:
                     return cache, found
             self.disk.stats.misses += 1
         if best is None or reuse <= 0:
+            self.misses += 1
             return None, 0
+        self.hits += 1
         entry = self._entries[best]
         if reuse == len(entry.tokens):
             del self._entries[best]
@@ -142,6 +155,7 @@ class PromptCache:
         self._next += 1
         while self._bytes > self.budget:
             self._bytes -= self._entries.popitem(last=False)[1].nbytes
+            self.evicted += 1
         if self.disk is not None:
             self.disk.write(held, cache)
 

@@ -82,6 +82,7 @@ class Metrics:
             Gauge(name, text, registry=r).set_function(read)
         r.register(_RankCollector(engine))
         r.register(_SpeculationCollector(engine))
+        r.register(_PromptCacheCollector(engine))
         r.register(_SchedulerCollector(engine))
 
     def watch_batches(self, source: Callable[[], dict[str, int]]) -> None:
@@ -162,6 +163,45 @@ class _SpeculationCollector:
             steps.add_metric([model, "plain"], counts["plain_steps"])
         yield drafted
         yield steps
+
+
+class _PromptCacheCollector:
+    """Each loaded model's prompt cache by tier (memory, disk): prompts served from it and not, bytes held,
+    what was evicted; the disk tier's tokens read, bytes written and damaged blocks removed. Counts
+    start over when the model is loaded again; the disk's blocks stay."""
+
+    def __init__(self, engine: EngineClient) -> None:
+        self.engine = engine
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        labels = ["model", "tier"]
+        hits = CounterMetricFamily("swama_prompt_cache_hits", "Prompts that resumed from this tier of the prompt "
+                                   "cache", labels=labels)
+        misses = CounterMetricFamily("swama_prompt_cache_misses", "Prompts this tier of the prompt cache could not "
+                                     "serve", labels=labels)
+        held = GaugeMetricFamily("swama_prompt_cache_tier_bytes", "Bytes this tier of the prompt cache holds",
+                                 labels=labels)
+        evicted = CounterMetricFamily("swama_prompt_cache_evictions", "Entries (memory) or blocks (disk) evicted "
+                                      "for the tier's budget", labels=labels)
+        read = CounterMetricFamily("swama_prompt_cache_disk_read_tokens", "Prompt tokens read back from disk",
+                                   labels=["model"])
+        written = CounterMetricFamily("swama_prompt_cache_disk_written_bytes", "Bytes of blocks written to disk",
+                                      labels=["model"])
+        rejected = CounterMetricFamily("swama_prompt_cache_disk_rejected", "Damaged or foreign block files "
+                                       "skipped and removed", labels=["model"])
+        for model, tiers in sorted(self.engine.status().prompt_cache.items()):
+            for tier, c in tiers.items():
+                hits.add_metric([model, tier], c["hits"])
+                misses.add_metric([model, tier], c["misses"])
+                held.add_metric([model, tier], c["bytes"])
+                evicted.add_metric([model, tier], c["evictions"])
+            if "disk" in tiers:
+                read.add_metric([model], tiers["disk"]["read_tokens"])
+                written.add_metric([model], tiers["disk"]["written_bytes"])
+                rejected.add_metric([model], tiers["disk"]["rejected"])
+        yield from (hits, misses, held, evicted, read, written, rejected)
 
 
 class _SchedulerCollector:
