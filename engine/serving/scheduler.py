@@ -706,7 +706,7 @@ class Scheduler:
 
         for ins in turn.inserts:
             rid, reused = self._join(ins.ids, ins.budget, ins.sampling, stream,
-                                     constraint_processors(self.model, ins.constraint), ins.batch)
+                                     constraint_processors(self.model, ins.constraint), ins.batch, ins.keep)
             if reused != ins.reused:
                 raise GroupFailed(f"rank {self.group.rank} resumed {reused} cached prompt tokens where rank 0 "
                                   f"resumed {ins.reused}; the prompt caches differ")
@@ -806,16 +806,18 @@ class Scheduler:
             if turn is not None and sampling.seed is None and sampling.temperature > 0:
                 # Every rank samples the same tokens from the same logits only with one seed.
                 sampling = dataclasses.replace(sampling, seed=secrets.randbits(63))
-            rid, job.reused = self._join(ids, budget, sampling, stream, job.processors, job.request.batch)
+            rid, job.reused = self._join(ids, budget, sampling, stream, job.processors, job.request.batch,
+                                         job.request.keep_prompt)
         except Exception as exc:
             job.post(exc)
             return
         self._active[rid] = job
         if turn is not None:
-            turn.inserts.append(Insert(ids, job.reused, budget, sampling, job.request.constraint, job.request.batch))
+            turn.inserts.append(Insert(ids, job.reused, budget, sampling, job.request.constraint, job.request.batch,
+                                       job.request.keep_prompt))
 
     def _join(self, ids: list[int], budget: int, sampling: Any, stream: Any,
-              extra: list[Any], batch: bool = False) -> tuple[int, int]:
+              extra: list[Any], batch: bool = False, keep: bool = False) -> tuple[int, int]:
         """A prompt queued for the batch's prefill, resumed from the prompt cache: its row id and the
         tokens reused."""
         from mlx_lm.models.cache import make_prompt_cache
@@ -824,6 +826,8 @@ class Scheduler:
         processors = ordered(processors, extra)
         multiple = ALIGN if self.bucketed else 1
         cache, reused = self.prompt_cache.take(ids, multiple) if self.prompt_cache is not None else (None, 0)
+        if keep and self.prompt_cache is not None:
+            self.prompt_cache.keep(ids)
         self._generator(stream)
         self._rids += 1
         self._admission.add(Pending(self._rids, ids, cache or make_prompt_cache(self.model.model), reused,

@@ -27,6 +27,7 @@ class Insert:
     sampling: Sampling
     constraint: Constraint | None = None  # a structured output: every rank masks the same tokens
     batch: bool = False  # a batch job's line: every rank's admission orders it the same way
+    keep: bool = False  # its prompt's cache is kept longer: every rank evicts the same entries
 
 
 @dataclass

@@ -78,6 +78,8 @@ class ChatRequest:
     thinking_budget: int | None = None
     # The last message is the start of the answer, which the model continues (Anthropic's prefill).
     continue_final: bool = False
+    # The prompt's prefix is worth keeping (prompt_cache_key, cache_control): its cache is evicted last.
+    keep_prompt: bool = False
     batch: bool = False  # a batch job's line: admitted after live requests (engine/priority.py)
 
     @property

@@ -23,6 +23,8 @@ from typing import Any
 from swama.engine.model import LoadedModel
 from swama.engine.text.prompt_disk import BLOCK, DiskTier, fingerprint
 
+KEPT_PROMPTS = 64  # prompts remembered as asked to be kept (the oldest are forgotten first)
+
 
 def cacheable(cache: list[Any]) -> bool:
     from mlx_lm.models.cache import KVCache
@@ -61,6 +63,7 @@ class _Entry:
     tokens: tuple[int, ...]
     cache: list[Any]
     nbytes: int
+    kept: bool = False  # it extends a prompt a request asked to keep: evicted after the others
 
 
 class PromptCache:
@@ -73,6 +76,24 @@ class PromptCache:
         self._next = 0
         self.from_disk = 0  # tokens the last `take` read from the disk tier (0: none, or from memory)
         self.hits = self.misses = self.evicted = 0  # the memory tier's, since the model was loaded
+        self._kept: OrderedDict[tuple[int, ...], None] = OrderedDict()  # prompts asked to be kept, newest last
+
+    def keep(self, ids: list[int]) -> None:
+        """Keep the cache of this prompt's prefix longer: entries that extend it are evicted after the
+        others, and so are its blocks on disk."""
+        held = tuple(ids[:-1])
+        self._kept[held] = None
+        self._kept.move_to_end(held)
+        while len(self._kept) > KEPT_PROMPTS:
+            self._kept.popitem(last=False)
+        if self.disk is not None:
+            self.disk.keep(list(held))
+
+    def _evict_one(self) -> None:
+        """The least recently used entry that no kept prompt asked for, else the least recently used."""
+        key = next((k for k, e in self._entries.items() if not e.kept), next(iter(self._entries)))
+        self._bytes -= self._entries.pop(key).nbytes
+        self.evicted += 1
 
     def counters(self) -> dict[str, dict[str, int]]:
         """Per tier: prompts served (hits) and not (misses), bytes held, blocks or entries evicted; the
@@ -150,12 +171,12 @@ class PromptCache:
         held = tuple(tokens)
         for key in [k for k, e in self._entries.items() if _prefix_of(e.tokens, held)]:
             self._bytes -= self._entries.pop(key).nbytes
-        self._entries[self._next] = _Entry(held, cache, nbytes)
+        kept = any(_prefix_of(k, held) for k in self._kept)
+        self._entries[self._next] = _Entry(held, cache, nbytes, kept)
         self._bytes += nbytes
         self._next += 1
         while self._bytes > self.budget:
-            self._bytes -= self._entries.popitem(last=False)[1].nbytes
-            self.evicted += 1
+            self._evict_one()
         if self.disk is not None:
             self.disk.write(held, cache)
 

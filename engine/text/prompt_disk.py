@@ -36,6 +36,7 @@ log = logging.getLogger("swama.prompt_cache")
 BLOCK = 256  # tokens per block: a multiple of the GPU's cache step (serving/admission.py's ALIGN)
 MAGIC = b"SWAMAKV1"
 SUFFIX = ".kv"
+KEEP = ".keep"  # the marker of a block a request asked to keep
 _HEADER = struct.Struct("<8sI")  # magic, header length
 
 
@@ -91,10 +92,12 @@ class DiskTier:
 
     def __post_init__(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        self._queue: queue.Queue[_Write | None] = queue.Queue()
+        self._queue: queue.Queue[_Write | list[str] | None] = queue.Queue()
         self._pending: set[str] = set()  # names queued, not yet on disk
         self._lock = threading.Lock()
         self._bytes = sum(p.stat().st_size for p in self._files())
+        # Blocks of prompts a request asked to keep (a marker file beside each): evicted after the others.
+        self._kept = {p.name.removesuffix(KEEP) for p in self.root.glob(f"*{KEEP}")}
         self._writer = threading.Thread(target=self._write_forever, name="swama-prompt-disk", daemon=True)
         self._writer.start()
 
@@ -207,6 +210,10 @@ class DiskTier:
                 self._queue.put(_Write(name, parent, list(tokens[s:e]), layers, str(cache[0].keys.dtype)))
             parent = name
 
+    def keep(self, ids: list[int]) -> None:
+        """Mark the whole blocks of `ids` as kept (the writer thread writes the markers)."""
+        self._queue.put(chain(self.model, ids, len(ids) // BLOCK))
+
     def flush(self, timeout: float = 60.0) -> None:
         """Until every block handed over is on disk (tests, and before a model goes)."""
         done = threading.Event()
@@ -221,6 +228,12 @@ class DiskTier:
                 flushed = getattr(self, "_flushed", None)
                 if flushed is not None:
                     flushed.set()
+                continue
+            if isinstance(item, list):  # names to keep
+                for name in item:
+                    if name not in self._kept:
+                        self._kept.add(name)
+                        self.root.joinpath(f"{name}{KEEP}").touch()
                 continue
             try:
                 self._write(item)
@@ -256,7 +269,8 @@ class DiskTier:
             over = self._bytes > self.budget
         if not over:
             return
-        by_age = sorted(self._files(), key=lambda p: p.stat().st_mtime_ns)
+        # Blocks no request asked to keep go first, each group least recently used first.
+        by_age = sorted(self._files(), key=lambda p: (p.stem in self._kept, p.stat().st_mtime_ns))
         for path in by_age:
             with self._lock:
                 if self._bytes <= self.budget:
@@ -265,6 +279,9 @@ class DiskTier:
             self.stats.evicted += 1
 
     def _remove(self, path: Path) -> None:
+        if path.stem in self._kept:
+            self._kept.discard(path.stem)
+            path.with_name(f"{path.stem}{KEEP}").unlink(missing_ok=True)
         try:
             size = path.stat().st_size
             path.unlink()

@@ -131,7 +131,8 @@ def request_from(request: CreateChatCompletionRequest, context_limit: int) -> tu
                                     kwargs.enable_thinking if kwargs is not None else None)
     chat = chat_request(turns, sampling=options, max_tokens=max_tokens, stop=stop,
                         tools=tools_from(request.tools), rules=output_rules(request),
-                        context_limit=request.context_limit or context_limit, thinking=thinking)
+                        context_limit=request.context_limit or context_limit, thinking=thinking,
+                        keep=bool(request.prompt_cache_key))
     return chat, image_refs(turns)
 
 

@@ -203,8 +203,15 @@ def request_from(request: Any, context_limit: int) -> tuple[ChatRequest, list[Im
     chat = chat_request(turns, sampling=options, context_limit=context_limit, tools=tools,
                         rules=output_rules(request, strict), params=("output_config", "tool_choice"),
                         max_tokens=max_tokens, stop=stop, thinking=thinking_from(request),
-                        continue_final=continue_final)
+                        continue_final=continue_final, keep=marks_cache(request.model_dump(exclude_none=True)))
     return chat, image_refs(turns)
+
+
+def marks_cache(value: Any) -> bool:
+    """Whether a request sets `cache_control` anywhere (on itself, a system block, a message's block, a tool)."""
+    if isinstance(value, dict):
+        return "cache_control" in value or any(marks_cache(v) for v in value.values())
+    return isinstance(value, list) and any(marks_cache(v) for v in value)
 
 
 def _model(call: Call, name: str) -> Any:

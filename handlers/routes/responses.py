@@ -150,7 +150,8 @@ def response_request(request: CreateResponse, *, context_limit: int) -> Response
     effort = request.reasoning.effort if request.reasoning is not None else None
     chat = chat_request(turns, sampling=options, context_limit=context_limit, rules=rules, params=(None, None),
                         tools=[function_tool(t.name, t.description, t.parameters) for t in functions],
-                        max_tokens=max_tokens, thinking=Thinking.from_effort(str(effort) if effort else None))
+                        max_tokens=max_tokens, thinking=Thinking.from_effort(str(effort) if effort else None),
+                        keep=bool(request.prompt_cache_key))
     choice = request.tool_choice
     return ResponseRequest(model=request.model, chat=chat, stream=request.stream,
                            instructions=request.instructions, tools=echoed,

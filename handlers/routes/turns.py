@@ -195,7 +195,7 @@ def chat_request(turns: list[Turn], *, sampling: Sampling, context_limit: int,
                  tools: list[dict[str, Any]] | None = None, rules: OutputRules | None = None,
                  params: tuple[str | None, str | None] = ("response_format", "tool_choice"),
                  max_tokens: int | None = None, stop: list[str] | None = None,
-                 thinking: Thinking = Thinking(), continue_final: bool = False) -> ChatRequest:
+                 thinking: Thinking = Thinking(), continue_final: bool = False, keep: bool = False) -> ChatRequest:
     """`tool_choice` "none" is enforced by never offering the tools to the model; the other rules
     become the engine's constraint (`params`: the fields its refusals name). Image parts stay placeholders: the route loads them
     (`attach_images`) once it knows the model takes images."""
@@ -205,7 +205,7 @@ def chat_request(turns: list[Turn], *, sampling: Sampling, context_limit: int,
                        max_tokens=max_tokens, stop=list(stop or []), tools=offered, context_limit=context_limit,
                        constraint=rules.constraint(offered or [], *params), logprobs=rules.logprobs,
                        parallel_tool_calls=rules.parallel, thinking=thinking.switch,
-                       thinking_budget=thinking.budget, continue_final=continue_final)
+                       thinking_budget=thinking.budget, continue_final=continue_final, keep_prompt=keep)
 
 
 async def attach_images(engine: EngineClient, request: ChatRequest, refs: list[ImageRef],

@@ -135,3 +135,19 @@ def test_memory_keeps_its_budget_with_a_disk_tier(tiny: LoadedModel, tmp_path: P
 def _disk(model: LoadedModel, root: Path) -> tuple[DiskTier, int]:
     name = fingerprint(model.path, str(mx.float32))
     return DiskTier(root / name, name, 1 << 30), len(make_prompt_cache(model.model))
+
+
+def test_kept_prompts_are_evicted_last_in_memory_and_on_disk(tiny: LoadedModel, tmp_path: Path) -> None:
+    kept_ids, other_ids = prompt(BLOCK + 10, seed=5), prompt(BLOCK + 10, seed=6)
+    one = filled(tiny, kept_ids)
+    budget = int(1.5 * sum(c.nbytes for c in one))
+    disk_budget = int(1.5 * 2 * sum(c.keys[..., :BLOCK, :].nbytes for c in one))  # one block and a half
+    name = fingerprint(tiny.path, str(mx.float32))
+    cache = PromptCache(budget, DiskTier(tmp_path / name, name, disk_budget), len(one))
+    cache.keep(kept_ids + [1])  # a request with prompt_cache_key or cache_control
+    cache.put(kept_ids, one)
+    cache.put(other_ids, filled(tiny, other_ids))  # newer, but not kept: it goes, in memory and on disk
+    cache.close()
+    assert len(cache) == 1 and cache.take(kept_ids + [1])[1] == len(kept_ids)
+    on_disk = [p.stem for p in (tmp_path / name).glob("*.kv")]
+    assert on_disk == chain(name, kept_ids, 1) and cache.disk.stats.evicted == 1
