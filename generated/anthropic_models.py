@@ -966,6 +966,7 @@ class AnthropicUsage(BaseModel):
     server_tool_use: AnthropicServerToolUsage | None = None
     service_tier: AnthropicUsageServiceTier | None = None
     speed: AnthropicUsageSpeed | None = None
+    disk_cache_read_input_tokens: Annotated[JSONInt | None, Field(ge=1)] = None
 
 
 class AnthropicUsageServiceTier(StrEnum):

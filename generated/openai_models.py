@@ -1008,6 +1008,7 @@ class CompletionUsagePromptTokensDetails(BaseModel):
     text_tokens: JSONInt | None = None
     image_tokens: JSONInt | None = None
     cache_write_tokens: JSONInt = 0
+    disk_cached_tokens: Annotated[JSONInt | None, Field(ge=1)] = None
 
 
 class CompoundFilter(BaseModel):
@@ -4536,6 +4537,7 @@ class ResponseUsage(BaseModel):
 class ResponseUsageInputTokensDetails(BaseModel):
     cached_tokens: JSONInt
     cache_write_tokens: JSONInt
+    disk_cached_tokens: Annotated[JSONInt | None, Field(ge=1)] = None
 
 
 class ResponseUsageOutputTokensDetails(BaseModel):

@@ -7,7 +7,7 @@ What the server process asks (engine/process/proxy.py), one message each, number
     ("tokens", n, model, ids, request, opens_thinking)
                                          a generation of a prompt the server process rendered and tokenized:
                                          ("tokens", [(n, token, finish reason, log probabilities, drafted,
-                                         reused), ...]) once per batch step for all its rows, then ("end", n)
+                                         reused, from_disk), ...]) once per batch step for all its rows, then ("end", n)
                                          or ("error", n, exc); ("unbatched", n) when the model's batch cannot
                                          take it (the asker then streams "chat" instead)
     ("cancel", n)                        the asker is gone: stop that work
@@ -69,7 +69,7 @@ class ChannelSink:
         self._end(job.cid)
 
     def deliver(self, tokens: list[tuple[Any, int, str | None, Any, int]]) -> None:
-        self.sender.send(("tokens", [(job.cid, token, finish, reading, drafted, job.reused)
+        self.sender.send(("tokens", [(job.cid, token, finish, reading, drafted, job.reused, job.from_disk)
                                      for job, token, finish, reading, drafted in tokens]))
         for job, _, finish, _, _ in tokens:
             if finish is not None:

@@ -69,11 +69,11 @@ class _Tokens(_Waiter):
         self.cancel = cancel
         self.ended = False
 
-    def feed(self, token: int, finish: str | None, reading: Any, drafted: int, reused: int) -> None:
+    def feed(self, token: int, finish: str | None, reading: Any, drafted: int, reused: int, from_disk: int) -> None:
         if self.ended:
             return  # tokens the row made before the cancel for its stop sequence reached it
         self.decoder.drafted = drafted
-        events, self.ended = self.decoder.step(token, finish, reading, reused)
+        events, self.ended = self.decoder.step(token, finish, reading, reused, from_disk)
         for event in events:
             self.queue.put_nowait(event)
         if self.ended:

@@ -127,6 +127,7 @@ class _Job:
     recorder: Recorder | None = None  # log probabilities, read on the scheduler's thread
     table: Any = None  # the model's token bytes, for the recorder
     reused: int = 0
+    from_disk: int = 0  # of the reused tokens, those read from the prompt cache's disk tier
     ended: bool = False  # its last event is decoded
     cid: int = 0  # its number on the engine process's channel
 
@@ -143,7 +144,7 @@ class _Job:
         if self.ended:
             return []
         self.decoder.drafted = drafted
-        items, self.ended = self.decoder.step(token, finish_reason, reading, self.reused)
+        items, self.ended = self.decoder.step(token, finish_reason, reading, self.reused, self.from_disk)
         if self.ended:
             if finish_reason is None:
                 self.cancelled.set()  # a stop sequence: the scheduler takes the row out next turn
@@ -808,6 +809,7 @@ class Scheduler:
                 sampling = dataclasses.replace(sampling, seed=secrets.randbits(63))
             rid, job.reused = self._join(ids, budget, sampling, stream, job.processors, job.request.batch,
                                          job.request.keep_prompt)
+            job.from_disk = self.prompt_cache.from_disk if self.prompt_cache is not None else 0
         except Exception as exc:
             job.post(exc)
             return

@@ -125,6 +125,7 @@ class Finished:
     draft_tokens: int = 0  # generated tokens that were drafted and accepted (engine/speculative/)
     reasoning_tokens: int = 0  # generated tokens that were thinking
     stop_sequence: str | None = None  # the request's stop sequence that ended the output, if one did
+    disk_cached_tokens: int = 0  # of the cached tokens, those read back from the prompt cache's disk tier
 
 
 Event = TextDelta | ReasoningDelta | Logprobs | ToolCallEvent | Finished
@@ -406,16 +407,16 @@ class Decoder:
         return events
 
     def step(self, token: int, finish_reason: str | None, logprob: TokenLogprob | None = None,
-             cached_tokens: int = 0) -> tuple[list[Event], bool]:
+             cached_tokens: int = 0, disk_tokens: int = 0) -> tuple[list[Event], bool]:
         """The events of one token of a batch row, and whether the output ended with it: the batch's
         end (end of sequence, token budget) or one this decoder saw (a stop sequence, a lone tool call)."""
         events = self.token(token, logprob)
         reason = self.finish_reason or finish_reason
         if reason is None:
             return events, False
-        return events + self.finish(reason, cached_tokens), True
+        return events + self.finish(reason, cached_tokens, disk_tokens), True
 
-    def finish(self, reason: str, cached_tokens: int = 0) -> list[Event]:
+    def finish(self, reason: str, cached_tokens: int = 0, disk_tokens: int = 0) -> list[Event]:
         """The held-back text, the tool calls still open, and the `Finished` event."""
         self.detok.finalize()
         events: list[Event] = []
@@ -433,7 +434,7 @@ class Decoder:
         first = self.first_token_at or end
         events.append(Finished("tool_calls" if self.saw_call else reason, self.prompt_tokens, self.generated,
                                first - self.started, end - first, cached_tokens, tuple(self.tokens),
-                               self.drafted, self.reasoning_tokens, self.stopper.hit))
+                               self.drafted, self.reasoning_tokens, self.stopper.hit, disk_tokens))
         return events
 
 
@@ -512,4 +513,4 @@ def generate(model: LoadedModel, request: ChatRequest, cancel: threading.Event) 
     if store is not None:
         # Every token the cache holds: the prompt, then what was generated and fed back.
         store.put((list(ids) + seen)[: cache[0].offset], cache)
-    yield from decoder.finish(finish, reused)
+    yield from decoder.finish(finish, reused, store.from_disk if store is not None else 0)

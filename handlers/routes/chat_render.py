@@ -15,7 +15,7 @@ from swama.engine.client import (
     TokenLogprob,
     ToolCallEvent,
 )
-from swama.handlers.routes.turns import wire_token_logprobs, with_draft_tokens
+from swama.handlers.routes.turns import disk_cached, wire_token_logprobs, with_draft_tokens
 
 
 def _wire_call(index: int, call: Any) -> dict[str, Any]:
@@ -26,7 +26,8 @@ def _wire_call(index: int, call: Any) -> dict[str, Any]:
 def _usage(done: Finished) -> dict[str, Any]:
     usage: dict[str, Any] = {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
                              "total_tokens": done.prompt_tokens + done.completion_tokens,
-                             "prompt_tokens_details": {"cached_tokens": done.cached_tokens}}
+                             "prompt_tokens_details": {"cached_tokens": done.cached_tokens,
+                                                       **disk_cached(done.disk_cached_tokens)}}
     if done.reasoning_tokens:
         usage["completion_tokens_details"] = {"reasoning_tokens": done.reasoning_tokens}
     return with_draft_tokens(usage, done.draft_tokens)

@@ -38,8 +38,9 @@ def usage(done: Finished | None) -> dict[str, Any]:
     if done is None:
         return {"input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0,
                 "cache_read_input_tokens": 0}
+    read = {"disk_cache_read_input_tokens": done.disk_cached_tokens} if done.disk_cached_tokens else {}
     return {"input_tokens": done.prompt_tokens - done.cached_tokens, "output_tokens": done.completion_tokens,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": done.cached_tokens}
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": done.cached_tokens, **read}
 
 
 def stop_of(done: Finished) -> tuple[str, str | None]:

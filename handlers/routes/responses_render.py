@@ -25,7 +25,7 @@ from swama.engine.client import (
     ToolCall,
     ToolCallEvent,
 )
-from swama.handlers.routes.turns import wire_token_logprobs, with_draft_tokens
+from swama.handlers.routes.turns import disk_cached, wire_token_logprobs, with_draft_tokens
 
 if TYPE_CHECKING:  # the request module imports this one to answer
     from swama.handlers.routes.responses import ResponseRequest
@@ -90,11 +90,13 @@ def function_call_stub(item_id: str, call: ToolCall) -> dict[str, Any]:
 
 
 def usage_payload(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
-                  draft_tokens: int = 0, reasoning_tokens: int = 0) -> dict[str, Any]:
-    # cached_tokens: prompt tokens resumed from the prompt cache; reasoning_tokens: the thinking's.
+                  draft_tokens: int = 0, reasoning_tokens: int = 0, disk_tokens: int = 0) -> dict[str, Any]:
+    # cached_tokens: prompt tokens resumed from the prompt cache (disk_tokens of them from its disk
+    # tier); reasoning_tokens: the thinking's.
     return with_draft_tokens({"input_tokens": prompt_tokens, "output_tokens": completion_tokens,
                               "total_tokens": prompt_tokens + completion_tokens,
-                              "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
+                              "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0,
+                                                       **disk_cached(disk_tokens)},
                               "output_tokens_details": {"reasoning_tokens": reasoning_tokens}}, draft_tokens)
 
 
@@ -296,7 +298,7 @@ class ResponseStream:
         self._terminated = True
         self.response = self._object(status, [self._item(s, status) for s in self._slots],
                                      usage_payload(done.prompt_tokens, done.completion_tokens, done.cached_tokens,
-                                                   done.draft_tokens, done.reasoning_tokens),
+                                                   done.draft_tokens, done.reasoning_tokens, done.disk_cached_tokens),
                                      incomplete_reason="max_output_tokens" if incomplete else None)
         frames.append(self._frame(f"response.{status}", response=self.response))
         return frames

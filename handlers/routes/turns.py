@@ -78,6 +78,12 @@ def wire_token_logprobs(entries: list[TokenLogprob]) -> list[dict[str, Any]]:
 DRAFT_TOKENS = "accepted_draft_tokens"
 
 
+def disk_cached(tokens: int) -> dict[str, int]:
+    """Of the cached prompt tokens, those read back from the prompt cache's disk tier: present only when
+    there are some, so a usage without them is OpenAI's own."""
+    return {"disk_cached_tokens": tokens} if tokens else {}
+
+
 def with_draft_tokens(usage: dict[str, Any], draft_tokens: int) -> dict[str, Any]:
     """`usage` with the accepted draft tokens added when there are any."""
     return {**usage, DRAFT_TOKENS: draft_tokens} if draft_tokens > 0 else usage

@@ -72,10 +72,11 @@ def test_a_restart_resumes_from_disk_and_damage_is_skipped(store: Path, tmp_path
     try:
         again = ask(server, "Where is my order 1234?")
         assert cached(again) >= 512 and cached(again) % 256 == 0
+        assert again["usage"]["prompt_tokens_details"]["disk_cached_tokens"] == cached(again)  # all from disk
         assert again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
         assert metric(server, "swama_prompt_cache_hits", "disk") == 1
         other = ask(server, "Can I change my address?")  # another session, the same system prompt
-        assert cached(other) >= 512
+        assert cached(other) >= 512 and "disk_cached_tokens" not in other["usage"]["prompt_tokens_details"]
     finally:
         server.stop()
 
@@ -109,5 +110,22 @@ def test_an_unloaded_model_resumes_from_disk_and_a_small_budget_evicts(store: Pa
         time.sleep(2)
         assert metric(server, "swama_prompt_cache_evictions", "disk") > 0
         assert metric(server, "swama_prompt_cache_tier_bytes", "disk") <= 40 << 20
+    finally:
+        server.stop()
+
+
+def test_concurrent_sessions_share_one_system_prompt(store: Path, tmp_path: Path) -> None:
+    """Four sessions at once, then a fifth: every one answers, and the fifth resumes the system prompt
+    the others read (from memory, or its blocks on disk), prefilling only its own question."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    server = start_server(store, tmp_path / "sessions.log", "smollm2", env={"SWAMA_DATA": str(tmp_path / "data")})
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda i: ask(server, f"Session {i}: where is order {i}?"), range(4)))
+        assert all(a["choices"][0]["message"]["content"] for a in answers)
+        late = ask(server, "Session 5: can I change my address?")
+        assert cached(late) >= 512
+        assert late["usage"]["prompt_tokens"] - cached(late) < 256  # its own question, not the system prompt
     finally:
         server.stop()

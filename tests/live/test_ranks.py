@@ -172,6 +172,10 @@ def test_second_turn_resumes_the_prompt_cache_on_every_rank(tiny_ranks: LiveServ
         "model": TINY_ID, "messages": messages, "max_tokens": 8, "temperature": 0}).json()
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
     assert httpx.get(tiny_ranks.url + "/health", timeout=10).json()["ranks"]["state"] == "serving"
+    # A split model keeps its prompt cache in memory only: one rank's disk cannot promise the others'.
+    metrics = httpx.get(tiny_ranks.url + "/metrics", timeout=30).text
+    assert 'swama_prompt_cache_hits_total{model="test/tiny-qwen3",tier="memory"}' in metrics
+    assert 'tier="disk"' not in metrics
 
 
 def test_sampled_tokens_agree_across_ranks(tiny_ranks: LiveServer) -> None:
