@@ -53,20 +53,18 @@ import httpx
 from tools.bench.chat import Scenario, messages, request_body, stream_chat
 from tools.bench.common import (
     REPO_ROOT,
-    SMOLLM2_ID,
     Server,
     add_write_option,
     build_store,
-    default_model_dir,
     facts_lines,
     free_port,
     machine_facts,
     markdown_table,
     median,
-    missing_model_message,
     package_version,
     publish,
     ratio,
+    resolve_model_dir,
     server_env,
     temp_dir,
     today,
@@ -474,17 +472,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--lines, --clients, --rounds, --chat-streams and --chat-lines must be at least 1, "
                      "--chat-max-tokens at least 2")
     return args
-
-
-def resolve_model_dir(given: Path | None) -> tuple[Path, str]:
-    folder = given.expanduser() if given is not None else default_model_dir()
-    if folder is None:
-        raise SystemExit(missing_model_message())
-    if not (folder / "config.json").is_file():
-        raise SystemExit(f"{folder} is not an MLX model folder (no config.json). " + missing_model_message())
-    default = default_model_dir()
-    same = default is not None and folder.resolve() == default.resolve()
-    return folder.resolve(), SMOLLM2_ID if same or given is None else "bench/model"
 
 
 def flag_value(flags: list[str], name: str, default: str) -> str:

@@ -360,3 +360,15 @@ def publish(title: str, body: str, write: Path | None) -> None:
     if write is not None:
         write_section(write, title, body)
         print(f"\nwrote the '{title}' section of {write}")
+
+
+def resolve_model_dir(given: Path | None) -> tuple[Path, str]:
+    """The model folder a bench serves (--model-dir, else the SmolLM2 test model) and the id it is installed as."""
+    folder = given.expanduser() if given is not None else default_model_dir()
+    if folder is None:
+        raise SystemExit(missing_model_message())
+    if not (folder / "config.json").is_file():
+        raise SystemExit(f"{folder} is not an MLX model folder (no config.json). " + missing_model_message())
+    default = default_model_dir()
+    same = default is not None and folder.resolve() == default.resolve()
+    return folder.resolve(), SMOLLM2_ID if same or given is None else "bench/model"

@@ -59,18 +59,16 @@ import httpx
 
 from tools.bench.common import (
     REPO_ROOT,
-    SMOLLM2_ID,
     Server,
     add_write_option,
     build_store,
-    default_model_dir,
     facts_lines,
     free_port,
     machine_facts,
     markdown_table,
-    missing_model_message,
     package_version,
     publish,
+    resolve_model_dir,
     server_env,
     temp_dir,
     today,
@@ -588,17 +586,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.sessions < 1 or args.system_tokens < 1 or args.read_tokens < BLOCK or args.read_tokens % BLOCK:
         parser.error("--sessions and --system-tokens must be at least 1, --read-tokens a multiple of 256")
     return args
-
-
-def resolve_model_dir(given: Path | None) -> tuple[Path, str]:
-    folder = given.expanduser() if given is not None else default_model_dir()
-    if folder is None:
-        raise SystemExit(missing_model_message())
-    if not (folder / "config.json").is_file():
-        raise SystemExit(f"{folder} is not an MLX model folder (no config.json). " + missing_model_message())
-    default = default_model_dir()
-    same = default is not None and folder.resolve() == default.resolve()
-    return folder.resolve(), SMOLLM2_ID if same or given is None else "bench/model"
 
 
 def swama_commit() -> str:
