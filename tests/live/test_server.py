@@ -56,7 +56,12 @@ def assert_error_shape(path: str, response: httpx.Response) -> str:
 def test_openapi_lists_every_operation(empty_server: LiveServer) -> None:
     spec = httpx.get(empty_server.url + "/openapi.json").json()
     ops = {(m.upper(), p) for p, item in spec["paths"].items() for m in item}
-    assert ops == {("GET", "/v1/models")} | {("POST", p.replace("acct", "{account_id}")) for p in POST_ROUTES}
+    files_and_batches = {("POST", "/v1/files"), ("GET", "/v1/files"), ("GET", "/v1/files/{file_id}"),
+                         ("DELETE", "/v1/files/{file_id}"), ("GET", "/v1/files/{file_id}/content"),
+                         ("POST", "/v1/batches"), ("GET", "/v1/batches"), ("GET", "/v1/batches/{batch_id}"),
+                         ("POST", "/v1/batches/{batch_id}/cancel")}
+    assert ops == {("GET", "/v1/models")} | {("POST", p.replace("acct", "{account_id}")) for p in POST_ROUTES} \
+        | files_and_batches
     assert spec["openapi"] == "3.1.0"
 
 
