@@ -95,7 +95,10 @@ class DiskTier:
         self._queue: queue.Queue[_Write | list[str] | None] = queue.Queue()
         self._pending: set[str] = set()  # names queued, not yet on disk
         self._lock = threading.Lock()
-        self._bytes = sum(p.stat().st_size for p in self._files())
+        files = list(self._files())
+        self._bytes = sum(p.stat().st_size for p in files)
+        # Names on disk, so handing a finished row's blocks to the writer costs the device's thread no stat.
+        self._known = {p.stem for p in files}
         # Blocks of prompts a request asked to keep (a marker file beside each): evicted after the others.
         self._kept = {p.name.removesuffix(KEEP) for p in self.root.glob(f"*{KEEP}")}
         self._writer = threading.Thread(target=self._write_forever, name="swama-prompt-disk", daemon=True)
@@ -199,7 +202,7 @@ class DiskTier:
         parent = self.model
         for b, name in enumerate(names):
             with self._lock:
-                fresh = name not in self._pending and not self._path(name).is_file()
+                fresh = name not in self._pending and name not in self._known
                 if fresh:
                     self._pending.add(name)
             if fresh:
@@ -258,6 +261,8 @@ class DiskTier:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        with self._lock:
+            self._known.add(item.name)
         size = path.stat().st_size
         self.stats.written_bytes += size
         with self._lock:
@@ -282,6 +287,8 @@ class DiskTier:
         if path.stem in self._kept:
             self._kept.discard(path.stem)
             path.with_name(f"{path.stem}{KEEP}").unlink(missing_ok=True)
+        with self._lock:
+            self._known.discard(path.stem)
         try:
             size = path.stat().st_size
             path.unlink()
