@@ -12,6 +12,11 @@ from swama.engine.client import EngineSettings, RuntimeSettings, model_files, re
 from swama.handlers.cli.options import add_options, given
 from swama.handlers.http.settings import ServerSettings
 
+# Idle connections stay open longer than clients keep them (httpx, under the openai and anthropic SDKs,
+# drops them after 5 s, uvicorn's own default): with equal clocks a request sent as the server closes
+# the connection is lost ("Server disconnected").
+KEEP_ALIVE_S = 75
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     serve = sub.add_parser("serve", help="start the API server",
@@ -71,5 +76,5 @@ def run(args: argparse.Namespace) -> int:
     # swama writes its own access line per request (with the request id), so uvicorn's is off.
     logging.getLogger("swama.access").setLevel(settings.log_level.upper())
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                timeout_graceful_shutdown=3, access_log=False)
+                timeout_graceful_shutdown=3, access_log=False, timeout_keep_alive=KEEP_ALIVE_S)
     return 0

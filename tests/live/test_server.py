@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -200,3 +201,19 @@ def test_env_port_and_host_defaults(tmp_path) -> None:
     finally:
         os.environ.clear()
         os.environ.update(old)
+
+
+def test_an_idle_connection_outlives_the_clients_keep_alive(empty_server: LiveServer) -> None:
+    """httpx (under the openai and anthropic SDKs) reuses an idle connection for 5 s: the server keeps
+    it longer, so a request sent as the client's clock runs out is never met by a closing socket."""
+    import socket
+    from urllib.parse import urlsplit
+
+    url = urlsplit(empty_server.url)
+    ask = f"GET /health HTTP/1.1\r\nHost: {url.netloc}\r\n\r\n".encode()
+    with socket.create_connection((url.hostname, url.port), timeout=30) as conn:
+        for _ in range(2):
+            conn.sendall(ask)
+            reply = conn.recv(65536)
+            assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
+            time.sleep(6)  # longer than the clients' 5 s, and uvicorn's own default
