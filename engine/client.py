@@ -134,12 +134,14 @@ from swama.engine.text.generator import (
     ToolCallEvent,
 )
 from swama.engine.text.grammar import Constraint, ToolSpec
+from swama.engine.text.kv_policy import catalog_entry as kv_cache_entry
 from swama.engine.text.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, TopLogprob
 from swama.engine.text.reasoning import EFFORT_BUDGETS, effort
 from swama.engine.text.tokenize import Tokenized, TokenizeJob
 from swama.engine.text.tool_calls import ToolCall
 
 __all__ = [
+    "kv_cache_entry",
     # ranks: one model split across processes
     "EXIT_GROUP_FAILED", "FAILURE_LINE", "READY_LINE", "STARTUP_TIMEOUT", "GroupFailed", "RankGroup", "current_group",
     "follow_group", "gpu_count", "group_backend", "join_group", "split_of",

@@ -117,6 +117,18 @@ class EngineSettings(StoreSettings):
         PROMPT_DISK_BYTES, "disk the prompt cache's blocks may take per model; the least recently used go "
                            "first (0 keeps no blocks on disk)", metavar="BYTES", ge=0,
         default_text=f"{PROMPT_DISK_BYTES >> 30} GiB")
+    kv_bits: int | None = option(
+        None, "keep language models' key/value caches quantized to this many bits (8 or 4): with the default "
+              "group size 3.2x (float32) or 1.8x (bfloat16) more tokens in the same memory at 8 bits, 5.3x or 3.2x "
+              "at 4, in the batch, the prompt cache and its disk tier; --memory-limit admits rows by the quantized "
+              "bytes (docs/benchmarks.md: what it costs in quality and speed)",
+        metavar="BITS", default_text="off: full precision")
+    kv_group_size: int = option(32, "values that share one scale and bias in a quantized key/value cache (32, 64 "
+                                    "or 128; it must divide the model's head size): larger saves a little memory "
+                                    "and costs accuracy, most at 4 bits", metavar="N")
+    kv_quantize_after: int = option(0, "tokens a key/value cache holds at full precision before it is quantized "
+                                       "(with --kv-bits); a batch is quantized whole once one of its caches is",
+                                    metavar="TOKENS", ge=0)
     engine_process: bool = option(
         True, "run the server's engine in the server's own process instead of one of its own (where the loop "
               "that drives the device shares no interpreter lock with HTTP, templates and text work, and a "
@@ -174,6 +186,28 @@ class EngineSettings(StoreSettings):
     @classmethod
     def _compiled_step(cls, value: str) -> str:
         return _one_of("--compiled-step mode", COMPILED_STEP_MODES, value)
+
+    @field_validator("kv_bits")
+    @classmethod
+    def _kv_bits(cls, value: int | None) -> int | None:
+        if value is not None and value not in (4, 8):
+            raise ValueError(f"--kv-bits must be 8 or 4 (got {value})")
+        return value
+
+    @field_validator("kv_group_size")
+    @classmethod
+    def _kv_group_size(cls, value: int) -> int:
+        if value not in (32, 64, 128):
+            raise ValueError(f"--kv-group-size must be 32, 64 or 128 (got {value})")
+        return value
+
+    def kv_quant(self) -> Any:
+        """The key/value quantization in force (engine/text/kv_quant.py KVQuant), None without --kv-bits."""
+        if self.kv_bits is None:
+            return None
+        from swama.engine.text.kv_policy import KVQuant
+
+        return KVQuant(self.kv_bits, self.kv_group_size, self.kv_quantize_after)
 
     @model_validator(mode="after")
     def _draft_needs_a_model(self) -> EngineSettings:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import date
-from enum import Enum, StrEnum
+from enum import Enum, IntEnum, StrEnum
 from typing import Annotated, Any, Literal
 
 from swama.generated.json_types import JSONInt
@@ -5139,11 +5139,36 @@ class SwamaDecisionDefaultsSource(StrEnum):
     none = "none"
 
 
+class SwamaKVCache(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    bits: SwamaKVCacheBits | None
+    group_size: SwamaKVCacheGroupSize | None
+    quantize_after: SwamaKVCacheQuantizeAfter | None
+
+
+class SwamaKVCacheBits(IntEnum):
+    integer_4 = 4
+    integer_8 = 8
+
+
+class SwamaKVCacheGroupSize(IntEnum):
+    integer_32 = 32
+    integer_64 = 64
+    integer_128 = 128
+
+
+class SwamaKVCacheQuantizeAfter(RootModel[JSONInt]):
+    root: Annotated[JSONInt, Field(ge=0)]
+
+
 class SwamaModelMetadata(BaseModel):
     name: StrictStr
     description: StrictStr
     release_date: date
     x_decision_defaults: SwamaDecisionDefaults | None = None
+    x_kv_cache: SwamaKVCache | None = None
 
 
 class TextResponseFormatJsonSchema(BaseModel):

@@ -117,6 +117,15 @@ def model_server(model_store: Path) -> Iterator[LiveServer]:
     yield server
     server.stop()
 
+@pytest.fixture(scope="session", params=[8, 4], ids=["kv8", "kv4"])
+def kv_server(request: pytest.FixtureRequest, model_store: Path) -> Iterator[LiveServer]:
+    """The same server as `model_server`, its key/value caches quantized (--kv-bits 8, then 4)."""
+    server = start_server(model_store, model_store.parent / f"kv{request.param}-server.log", "smollm2",
+                          "--kv-bits", str(request.param))
+    yield server
+    server.stop()
+
+
 WHISPER_ID = "openai/whisper-tiny.en"
 
 

@@ -10,6 +10,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -80,3 +81,23 @@ def npm_binary(prefix: Path, package: str, binary: str, timeout: float = 900) ->
         if out.returncode != 0:
             pytest.fail(f"set-up failure: npm could not install {package}:\n{out.stderr[-2000:]}")
     return path
+
+
+# Route tests whose assertions read what SmolLM2-135M answers ("Paris", a tool call): at 4 key/value
+# bits this small model's greedy answers change (docs/benchmarks.md measures by how much), so a
+# --kv-bits 4 server skips them and keeps every other assertion; at 8 bits they all run.
+ANSWER_DEPENDENT = frozenset({
+    "test_non_streaming_answer", "test_streaming_answer", "test_tool_round_trip", "test_non_streaming_response",
+    "test_streaming_events_validate_and_count_up", "test_sdk_streaming", "test_function_call_round_trip",
+    "test_create_answers_in_anthropics_shape", "test_stop_sequences_and_max_tokens", "test_tool_use_round_trip",
+    "test_a_string_prompt", "test_the_text_is_its_tokens_text", "test_prompts_and_n_give_choices_in_openai_order",
+    "test_stop_sequences", "test_a_stream_gives_the_same_text",
+})
+
+
+def content_bound(request: Any, server: LiveServer) -> None:
+    """Skip a test of ANSWER_DEPENDENT on a server whose caches are quantized to 4 bits."""
+    import pytest
+
+    if request.node.originalname in ANSWER_DEPENDENT and "--kv-bits 4" in " ".join(server.process.args):
+        pytest.skip("reads SmolLM2's answer, which 4-bit key/value caches change (measured in docs/benchmarks.md)")

@@ -31,6 +31,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from swama.engine.text.kv_quant import as_quantized, merged
+
 MIN_LENGTH = 16  # the shortest padded prefill length on a GPU
 ALIGN = 256  # on a GPU, prefill starts at a cache offset that is a multiple of this (mlx-lm's cache step)
 
@@ -92,6 +94,7 @@ class Admission:
     bucketed: bool  # shapes from a small set (a GPU), or exact (the CPU)
     max_rows: int = 64  # prompts one forward reads at most
     wait: int = 0  # turns a prompt may wait for others to be read with while rows decode
+    kv: Any = None  # quantized key/value caches (engine/text/kv_quant.py KVQuant), None at full precision
     waiting: deque[Pending] = field(default_factory=deque)
     group: _Group | None = None
     turns: int = 0
@@ -197,7 +200,7 @@ class Admission:
         if self.bucketed and length < share:
             length = min(bucket(length), share)
         if group.cache is None:
-            group.cache = [layer.merge([r.cache[i] for r in rows]) for i, layer in enumerate(rows[0].cache)]
+            group.cache = [merged([r.cache[i] for r in rows]) for i in range(len(rows[0].cache))]
         padding = [length - n for n in chunks]
         tokens = [r.ids[r.done:r.done + n] + [0] * (length - n) for r, n in zip(rows, chunks, strict=True)]
         if any(padding):
@@ -207,6 +210,7 @@ class Admission:
         if any(padding):
             for c in group.cache:
                 c.finalize()
+        group.cache = as_quantized(group.cache, self.kv)  # once the group's caches hold enough tokens
         mx.async_eval([c.state for c in group.cache])
         for r, n in zip(rows, chunks, strict=True):
             r.done += n

@@ -42,6 +42,7 @@ from swama.engine.serving.turn import PromptScore
 from swama.engine.settings import EngineSettings, SettingsError
 from swama.engine.speculative.policy import speculation_of
 from swama.engine.text.generator import ChatRequest, Event, Finished, generate, prompt_ids
+from swama.engine.text.kv_quant import use_kv_quant
 from swama.engine.text.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, prompt_logprobs
 from swama.engine.text.prompt_cache import PromptCache, prompt_cache_for, prompt_cache_of
 from swama.engine.text.tokenize import Tokenized, TokenizeJob, text_of, tokens_of
@@ -71,6 +72,9 @@ class EngineStatus:
     process: dict[str, Any] | None = None  # the engine process (pid, restarts), when the engine runs in one
     # Per model with a prompt cache, per tier ("memory", "disk"): PromptCache.counters.
     prompt_cache: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
+    # Per model with a batch scheduler: its key/value state (Scheduler.kv_reading): bytes the rows hold
+    # and reserve, the budget --memory-limit leaves them (0: none), requests waiting for room, the bits.
+    kv: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def kv_cache_usage(self) -> float:
@@ -116,6 +120,7 @@ class Engine(InstalledModels):
         speculation: dict[str, dict[str, int]] = {}
         clocks: dict[str, dict[str, float]] = {}
         tiers: dict[str, dict[str, dict[str, int]]] = {}
+        kv: dict[str, dict[str, int]] = {}
         for model in self.pool.loaded_models():
             cache, scheduler = prompt_cache_of(model), model.beside.get(Scheduler)
             if cache is not None:
@@ -124,6 +129,7 @@ class Engine(InstalledModels):
                 tiers[model.id] = cache.counters()
             if scheduler is not None:
                 held += scheduler.kv_bytes()
+                kv[model.id] = scheduler.kv_reading()
                 clocks[model.id] = scheduler.clock.reading()
                 # A drafting batch's generator (SpeculativeGenerator) keeps its counters; a plain one has none.
                 counters = getattr(getattr(scheduler, "_gen", None), "counters", None)
@@ -133,7 +139,7 @@ class Engine(InstalledModels):
         return EngineStatus(self.pool.loaded(), self.pool.running(), self.pool.waiting(), self._blas,
                             int(mx.get_active_memory()), int(mx.get_cache_memory()), held, budget,
                             group.status() if group is not None else None, speculation, clocks,
-                            prompt_cache=tiers)
+                            prompt_cache=tiers, kv=kv)
 
     async def refresh(self) -> None:
         """Nothing to do: status() reads this engine's state as it is."""
@@ -248,6 +254,7 @@ class Engine(InstalledModels):
         if scheduler is None:
             # A model split across ranks keeps its prompt cache in memory: every rank must resume the
             # same prefix, which one rank's disk cannot promise for the others.
+            use_kv_quant(model, self.settings.kv_quant())  # before the caches below are made
             disk = self.settings.prompt_disk_dir() if group_of(model) is None else None
             cache = prompt_cache_for(model, self.settings.prompt_cache_budget(), disk,
                                      self.settings.prompt_cache_disk_bytes)
@@ -258,9 +265,16 @@ class Engine(InstalledModels):
                                   profile_dir=self.settings.profile_dir,
                                   speculation=speculation_of(self.settings),
                                   compiled_step=self.settings.compiled_step,
-                                  draft=self._draft_for(model))
+                                  draft=self._draft_for(model), kv_budget=self._kv_budget())
             model.beside.set(Scheduler, scheduler)  # closed with the model
         return scheduler
+
+    def _kv_budget(self) -> int | None:
+        """Key/value bytes a model's batch rows may reserve: what --memory-limit leaves beside the loaded
+        models' weights and this model's prompt cache; None without a limit (rows are not counted)."""
+        if self.settings.memory_limit is None:
+            return None
+        return max(0, self.settings.memory_limit - self.pool.weights_bytes() - self.settings.prompt_cache_budget())
 
     def _draft_for(self, model: LoadedModel) -> LoadedModel | None:
         """The draft model for `model`'s batch: --draft-model, when its tokenizer is the model's own

@@ -9,6 +9,7 @@ from swama.engine.serving.loaders import load_model
 from swama.engine.serving.scheduler import Scheduler
 from swama.engine.settings import EngineSettings
 from swama.engine.speculative.policy import speculation_of
+from swama.engine.text.kv_quant import use_kv_quant
 from swama.engine.text.prompt_cache import PromptCache
 
 
@@ -20,6 +21,7 @@ def follow(settings: EngineSettings, model_id: str) -> None:
     installed = ModelStore(settings.models_root).get(model_id)
     group.model_id = installed.id
     model = load_model(installed.id, installed.path)
+    use_kv_quant(model, settings.kv_quant())
     budget = settings.prompt_cache_budget()
     scheduler = Scheduler(model, prompt_cache=PromptCache(budget) if budget > 0 else None, batching=True,
                           rows=settings.batch_rows, prefill_step=settings.prefill_step,

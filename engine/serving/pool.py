@@ -49,6 +49,10 @@ class _Entry:
     capacity: int = 1  # shared holders that run at once
     nbytes: int = 0  # the loaded model's estimated size
 
+    def weights_bytes(self) -> int:
+        """The estimated size of the models loaded or loading (what --memory-limit counts them as)."""
+        return sum(e.nbytes for e in self._entries.values() if e.model or e.loading)
+
     def running(self) -> int:
         return (1 if self.lock.locked() else 0) + min(self.shared, self.capacity)
 

@@ -57,8 +57,9 @@ from swama.engine.kinds.vision import vision_of
 from swama.engine.model import LoadedModel
 from swama.engine.priority import live_first
 from swama.engine.ranks.group import HEARTBEAT, GroupFailed, RankGroup, group_of
-from swama.engine.runtime import on_gpu
+from swama.engine.runtime import compute_dtype, on_gpu
 from swama.engine.serving.admission import ALIGN, Admission, Pending
+from swama.engine.serving.memory import gib
 from swama.engine.serving.threads import THREADS, in_thread
 from swama.engine.serving.timing import TimedForward, TurnClock
 from swama.engine.serving.turn import DecisionBatch, DecisionPrefill, Insert, PromptScore, Turn
@@ -84,6 +85,7 @@ from swama.engine.text.generator import (
     row_processors,
     token_budget,
 )
+from swama.engine.text.kv_quant import as_quantized, kv_quant_of, kv_token_bytes
 from swama.engine.text.logprobs import Recorder, TokenLogprob, prompt_logprobs, token_bytes
 from swama.engine.text.prompt_cache import PromptCache, cacheable
 
@@ -230,11 +232,25 @@ class Scheduler:
     def __init__(self, model: LoadedModel, *, prompt_cache: PromptCache | None, batching: bool = True,
                  rows: int | None = None, prefill_step: int | None = None, prefill_wait: int | None = None,
                  profile_dir: Path | None = None, speculation: Speculation | None = None,
-                 draft: LoadedModel | None = None, compiled_step: str | None = None) -> None:
+                 draft: LoadedModel | None = None, compiled_step: str | None = None,
+                 kv_budget: int | None = None) -> None:
         self.model = model
         self.compiled_step = compiled_step or default_of("compiled_step")
         self.group: RankGroup | None = group_of(model)
         self.speculation = for_device(speculation or Speculation(), on_gpu())
+        self.kv = kv_quant_of(model)  # quantized key/value caches (--kv-bits), None at full precision
+        # Key/value room (from --memory-limit): each row reserves its prompt and the tokens it may
+        # generate at the bytes a token takes (quantized ones with --kv-bits); a request that does not
+        # fit beside the rows running waits for them, in arrival order. None: rows are not counted.
+        self.kv_token_bytes = kv_token_bytes(model.model, compute_dtype().size, self.kv)
+        self.kv_budget = kv_budget if self.kv_token_bytes is not None else None
+        self._reserved: dict[int, int] = {}  # bytes each row reserves, by row id
+        self._held: deque[_Job] = deque()  # requests waiting for key/value room
+        if self.kv is not None and self.speculation.on:
+            # Drafting keeps each row's cache in its own arrays to roll rejected tokens back
+            # (engine/speculative/row_cache.py), at full precision only: quantized caches decode plainly.
+            log.info("%s: --kv-bits decodes without drafting (speculative rows keep full-precision caches)", model.id)
+            self.speculation = dataclasses.replace(self.speculation, mode="off")
         self.draft = draft if self.group is None else None  # ranks draft by prompt lookup alone
         if self.group is not None:  # every rank must choose the same pass widths: from the prior, not timings
             self.speculation = dataclasses.replace(self.speculation, measured=False)
@@ -475,15 +491,16 @@ class Scheduler:
         while True:
             with self._wake:
                 self.clock.wait()
-                while not (self._closed or self._failed or self._new or self._tasks or self._active
+                while not (self._closed or self._failed or self._new or self._tasks or self._active or self._held
                            or self._decisions or self._prefills or self._in_flight is not None):
                     if not self._wake.wait(idle_wait):
                         break
                 self.clock.woke()
                 if self._closed or self._failed:
                     break
-                new = list(self._new)
+                new = [*self._held, *self._new]  # those waiting for key/value room first
                 self._new.clear()
+                self._held.clear()
                 task = self._tasks.popleft() if self._tasks else None
                 pack = self._take_pack() if self._prefills else []
                 forget, self._forget = self._forget, []
@@ -491,8 +508,9 @@ class Scheduler:
             with mx.stream(stream):
                 turn = Turn(forget=forget) if self.group is not None else None
                 with self.clock.part("admission"):
+                    held = False
                     for job in new:
-                        self._insert(job, stream, turn)
+                        held = self._insert(job, stream, turn, held)
                     self._drop_cancelled(turn)
                 if task is not None and not task[1].set_running_or_notify_cancel():
                     task = None  # its caller went away before it started
@@ -785,24 +803,32 @@ class Scheduler:
                 self._gen = SpeculativeGenerator(model, speculation=self.speculation, clock=self.clock,
                                                  draft_model=self.draft.model if self.draft else None, **options)
             else:
-                decoder = decoder_for(self.model, self.compiled_step, on_gpu()) if self.group is None else None
+                # The compiled step keeps its own full-precision storage: quantized caches take mlx-lm's forward.
+                plain = self.group is None and self.kv is None
+                decoder = decoder_for(self.model, self.compiled_step, on_gpu()) if plain else None
                 make_batch = functools.partial(SlotBatch.on, decoder) if decoder is not None else None
-                self._gen = LeanGenerator(model, clock=self.clock, make_batch=make_batch, **options)
+                self._gen = LeanGenerator(model, clock=self.clock, make_batch=make_batch, kv=self.kv, **options)
             self._eos = StopSequences([[t] for t in sorted(self.model.eos_ids)])
             self._admission = Admission(self.model.model, self.prefill_step, self.bucketed, max_rows=self.rows,
-                                        wait=self.prefill_wait)
+                                        wait=self.prefill_wait, kv=self.kv)
         return self._gen
 
-    def _insert(self, job: _Job, stream: Any, turn: Turn | None = None) -> None:
+    def _insert(self, job: _Job, stream: Any, turn: Turn | None = None, held: bool = False) -> bool:
+        """Queue a request's prompt for the batch; True when it waits for key/value room instead
+        (`held`: one before it waits, so it does too)."""
         if job.cancelled.is_set():
             job.post(_DONE)
-            return
+            return held
         try:
             ids = job.ids
             budget = token_budget(job.request, len(ids))
             if budget <= 0:
                 raise ContextTooLong(f"The prompt ({len(ids)} tokens) leaves no room to generate in the context "
                                      f"window of {job.request.effective_context_limit} tokens.")
+            need = self._room(len(ids), budget)
+            if need and (held or sum(self._reserved.values()) + need > self.kv_budget):
+                self._held.append(job)
+                return True
             sampling = job.request.sampling
             if turn is not None and sampling.seed is None and sampling.temperature > 0:
                 # Every rank samples the same tokens from the same logits only with one seed.
@@ -812,11 +838,34 @@ class Scheduler:
             job.from_disk = self.prompt_cache.from_disk if self.prompt_cache is not None else 0
         except Exception as exc:
             job.post(exc)
-            return
+            return held
         self._active[rid] = job
+        if need:
+            self._reserved[rid] = need
         if turn is not None:
             turn.inserts.append(Insert(ids, job.reused, budget, sampling, job.request.constraint, job.request.batch,
                                        job.request.keep_prompt))
+        return held
+
+    def _room(self, prompt: int, budget: int) -> int:
+        """Key/value bytes a row of `prompt` tokens that may generate `budget` more reserves (0: rows are
+        not counted); ContextTooLong when it would not fit even alone."""
+        if self.kv_budget is None:
+            return 0
+        need = (prompt + budget) * self.kv_token_bytes
+        if need > self.kv_budget:
+            fits = self.kv_budget // self.kv_token_bytes
+            raise ContextTooLong(
+                f"The prompt ({prompt} tokens) and the {budget} it may generate need {gib(need)} of key/value "
+                f"memory; --memory-limit leaves this model {gib(self.kv_budget)}, {fits} tokens. Ask for fewer "
+                "max_tokens, send a shorter prompt, or quantize the cache (--kv-bits).", code="context_limit_exceeded")
+        return need
+
+    def kv_reading(self) -> dict[str, int]:
+        """The batch's key/value state now (read from another thread: an estimate): bytes its rows hold
+        and reserve, the budget (0: rows are not counted), requests waiting for room, the bits (0: full)."""
+        return {"bytes": self.kv_bytes(), "reserved": sum(list(self._reserved.values())),
+                "budget": self.kv_budget or 0, "waiting": len(self._held), "bits": self.kv.bits if self.kv else 0}
 
     def _join(self, ids: list[int], budget: int, sampling: Any, stream: Any,
               extra: list[Any], batch: bool = False, keep: bool = False) -> tuple[int, int]:
@@ -832,7 +881,8 @@ class Scheduler:
             self.prompt_cache.keep(ids)
         self._generator(stream)
         self._rids += 1
-        self._admission.add(Pending(self._rids, ids, cache or make_prompt_cache(self.model.model), reused,
+        cache = as_quantized(cache or make_prompt_cache(self.model.model), self.kv)
+        self._admission.add(Pending(self._rids, ids, cache, reused,
                                     (budget, sampler, processors), batch=batch))
         return self._rids, reused
 
@@ -872,6 +922,7 @@ class Scheduler:
 
     def _remove(self, rid: int) -> None:
         self._active.pop(rid, None)
+        self._reserved.pop(rid, None)
         uid = self._uid_of.pop(rid, None)
         if uid is None:  # still reading its prompt
             if self._admission is not None:
@@ -906,6 +957,7 @@ class Scheduler:
             if r.finish_reason is not None and rid is not None:  # end of sequence or max tokens: it left the batch
                 del self._rid_of[r.uid], self._uid_of[rid]
                 self._active.pop(rid, None)
+                self._reserved.pop(rid, None)
                 kept.append((r.prompt_cache, r.all_tokens))
             if job is None:  # another rank's row (following), or one cancelled meanwhile
                 continue
@@ -939,12 +991,14 @@ class Scheduler:
             if job is not None:
                 job.post(error)
         self._active.clear()
+        self._reserved.clear()
         self._uid_of.clear()
         self._rid_of.clear()
         self._keeping.clear()
-        for job in self._new:
+        for job in [*self._new, *self._held]:
             job.post(error)
         self._new.clear()
+        self._held.clear()
         self._admission = None
         if self._gen is not None:
             self._gen.close()

@@ -93,9 +93,11 @@ def attention(queries: Any, keys: Any, values: Any, cache: Any, scale: float, ma
     from mlx_lm.models.base import scaled_dot_product_attention as whole
 
     batch, heads, length, _ = queries.shape
-    keys_length = keys.shape[2]
     known_mask = mask is None or isinstance(mask, mx.array) or (isinstance(mask, str) and mask == "causal")
-    if (hasattr(cache, "bits") or sinks is not None or not known_mask or length < MIN_QUERIES
+    if hasattr(cache, "bits"):  # quantized keys and values (packed, scales, biases): mlx-lm's quantized path
+        return whole(queries, keys, values, cache, scale, mask, sinks)
+    keys_length = keys.shape[2]
+    if (sinks is not None or not known_mask or length < MIN_QUERIES
             or batch * heads * length * keys_length < MIN_SCORES):
         return whole(queries, keys, values, cache, scale, mask, sinks)
     streams = cpu_streams()

@@ -17,6 +17,8 @@ from typing import Any
 
 from mlx_lm.generate import BatchGenerator, GenerationBatch
 
+from swama.engine.text.kv_quant import as_quantized, joined
+
 
 def _greedy(sampler: Any) -> bool:
     return bool(getattr(sampler, "greedy", False)) or getattr(sampler, "__name__", "") == "greedy_sampler"
@@ -25,6 +27,7 @@ def _greedy(sampler: Any) -> bool:
 class LeanBatch(GenerationBatch):
     clock: Any = None  # the scheduler's TurnClock, when it times the steps' launch and read-back
     _paddings: list[list[int] | None] | None = None  # the rows' left padding per layer, read this step
+    kv: Any = None  # quantized key/value caches (engine/text/kv_quant.py): the batch is quantized once due
 
     def extract_cache(self, idx: int) -> list[Any]:
         """Row `idx`'s caches taken out of the batch's (a row that finished). The rows' left paddings
@@ -55,6 +58,7 @@ class LeanBatch(GenerationBatch):
 
     def extend(self, batch: Any) -> None:
         self._paddings = None
+        self.prompt_cache, batch.prompt_cache = joined(self.prompt_cache, batch.prompt_cache, self.kv)
         super().extend(batch)
 
     def _forward(self, fed: Any) -> Any:
@@ -65,6 +69,8 @@ class LeanBatch(GenerationBatch):
         import mlx.core as mx
 
         self._paddings = None
+        if self.kv is not None and self.prompt_cache:
+            self.prompt_cache = as_quantized(self.prompt_cache, self.kv)
         fed = self._next_tokens  # the tokens drawn last step: this step feeds them and returns them
         self._current_tokens, self._current_logprobs = fed, self._next_logprobs
         logits = self._forward(fed)
@@ -106,12 +112,13 @@ class LeanGenerator(BatchGenerator):
     prompts were read elsewhere (engine/serving/admission.py) join with their batched cache as it is."""
 
     def __init__(self, model: Any, *, clock: Any = None, make_batch: Callable[[Any, Any], LeanBatch] | None = None,
-                 **kwargs: Any) -> None:
+                 kv: Any = None, **kwargs: Any) -> None:
         """`make_batch(model, sampler)`: the empty generation batch (a `LeanBatch` by default; the
         compiled step's `SlotBatch`)."""
         super().__init__(model, **kwargs)
         self._generation_batch = (make_batch or LeanBatch.empty)(model, self.sampler)
         self._generation_batch.clock = clock
+        self._generation_batch.kv = kv
         self.clock = clock
 
     def join_prefilled(self, cache: list[Any], last_tokens: list[int], held: list[list[int]],

@@ -20,6 +20,7 @@ from swama.engine.model import LoadedModel
 from swama.engine.settings import default_of
 from swama.engine.text.chat_prompt import Prompt, TemplateOptions, build_prompt, template_renders_tools
 from swama.engine.text.grammar import Constraint, enforcer
+from swama.engine.text.kv_quant import kv_quant_of
 from swama.engine.text.logprobs import MAX_TOP_LOGPROBS, Recorder, TokenLogprob, token_bytes
 from swama.engine.text.prompt_cache import PromptCache, cacheable, prompt_cache_of
 from swama.engine.text.reasoning import ReasoningSplitter, ThinkingBudget, markers, prompt_opens
@@ -490,6 +491,13 @@ def generate(model: LoadedModel, request: ChatRequest, cancel: threading.Event) 
     store, cache, reused = _resume(model, net, ids) if prefill is None else (None, None, 0)
     if cache is not None:
         extra["prompt_cache"] = cache
+    kv = kv_quant_of(model) if prefill is None else None  # vision models' caches stay full precision
+    if kv is not None:
+        from mlx_lm.models.cache import make_prompt_cache
+
+        # Growing caches (a window's rotating ones cannot be quantized); the prompt is within the context.
+        extra.setdefault("prompt_cache", make_prompt_cache(net))
+        extra.update(kv_bits=kv.bits, kv_group_size=kv.group_size, quantized_kv_start=kv.after)
     seen: list[int] = []
     finish = "length"
     steps = generate_step(mx.array(ids[reused:]), net, max_tokens=max_tokens, sampler=sampler,

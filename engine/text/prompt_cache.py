@@ -21,15 +21,19 @@ from pathlib import Path
 from typing import Any
 
 from swama.engine.model import LoadedModel
+from swama.engine.text.kv_quant import as_quantized, kv_quant_of, quantized
 from swama.engine.text.prompt_disk import BLOCK, DiskTier, fingerprint
 
 KEPT_PROMPTS = 64  # prompts remembered as asked to be kept (the oldest are forgotten first)
 
 
 def cacheable(cache: list[Any]) -> bool:
-    from mlx_lm.models.cache import KVCache
+    """Plain attention caches, full precision or quantized (engine/text/kv_quant.py): cut back to any prefix."""
+    from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
-    return all(type(c) is KVCache for c in cache)
+    from swama.engine.text.kv_cache import QuantizedRow
+
+    return all(type(c) in (KVCache, QuantizedKVCache, QuantizedRow) for c in cache)
 
 
 def _common_prefix(a: tuple[int, ...], b: list[int]) -> int:
@@ -52,6 +56,9 @@ def _prefix_copy(cache: list[Any], n: int) -> list[Any]:
 
     copies = []
     for layer in cache:
+        if quantized(layer):  # a QuantizedRow: the prompt cache keeps its entries as rows
+            copies.append(layer.prefix(n))
+            continue
         copy = KVCache()
         copy.keys, copy.values, copy.offset = layer.keys[..., :n, :], layer.values[..., :n, :], n
         copies.append(copy)
@@ -162,6 +169,7 @@ class PromptCache:
         """Keep `cache` (holding `tokens`) for later requests; the oldest entries go past the budget."""
         import mlx.core as mx
 
+        cache = as_quantized(cache, None, rows=True)  # mlx-lm's quantized caches as rows a batch merges
         nbytes = sum(c.nbytes for c in cache)
         if not tokens or (nbytes > self.budget and self.disk is None):
             return
@@ -194,7 +202,8 @@ def prompt_cache_for(model: LoadedModel, budget: int, disk_dir: Path | None, dis
     if disk_dir is None or not cacheable(caches):
         return PromptCache(budget)
     dtype = compute_dtype()
-    name = fingerprint(model.path, str(dtype))
+    kv = kv_quant_of(model)  # quantized blocks are their own: a folder of their own
+    name = fingerprint(model.path, str(dtype), f"kv{kv.bits}g{kv.group_size}" if kv is not None else "")
     return PromptCache(budget, DiskTier(disk_dir / name, name, disk_bytes), len(caches))
 
 

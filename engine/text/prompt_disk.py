@@ -14,6 +14,10 @@ Safety, since the files outlive the process that wrote them:
   file that is truncated, corrupt, of another model or another layout is skipped and removed, and
   the request prefills from there;
 - the tier keeps within its byte budget by removing the least recently used files (a read touches).
+
+A quantized cache (--kv-bits, engine/text/kv_quant.py) is stored as it is held, packed values,
+scales and biases, and read back quantized; its fingerprint names the quantization, so its blocks
+live in a folder of their own.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from typing import Any
 log = logging.getLogger("swama.prompt_cache")
 
 BLOCK = 256  # tokens per block: a multiple of the GPU's cache step (serving/admission.py's ALIGN)
-MAGIC = b"SWAMAKV1"
+MAGIC = b"SWAMAKV2"  # 2: a layout of any arrays per layer (quantized caches keep theirs)
 SUFFIX = ".kv"
 KEEP = ".keep"  # the marker of a block a request asked to keep
 _HEADER = struct.Struct("<8sI")  # magic, header length
@@ -79,8 +83,16 @@ class _Write:
     name: str
     parent: str
     tokens: list[int]
-    layers: list[tuple[Any, Any]]  # each layer's keys and values for the block: MLX arrays, evaluated
-    dtype: str
+    # Each layer's arrays for the block, MLX arrays evaluated: keys and values, or for a quantized cache
+    # (engine/text/kv_quant.py) the keys' packed values, scales and biases, then the values'.
+    layers: list[tuple[Any, ...]]
+    dtypes: list[str]  # each array's dtype (the same for every layer)
+    quant: list[int] | None  # [group size, bits] of a quantized cache
+
+
+def _parts(cache: Any) -> tuple[Any, ...]:
+    """A layer cache's arrays in the order a block stores them."""
+    return (*cache.keys, *cache.values) if hasattr(cache, "bits") else (cache.keys, cache.values)
 
 
 @dataclass
@@ -129,31 +141,38 @@ class DiskTier:
         import mlx.core as mx
         from mlx_lm.models.cache import KVCache
 
-        parts: list[list[tuple[Any, Any]]] = []
-        parent, shapes, dtype = self.model, None, None
+        from swama.engine.text.kv_cache import QuantizedRow
+
+        parts: list[list[tuple[Any, ...]]] = []
+        parent, layout = self.model, None
         for b, name in enumerate(names):
-            found = self._load(name, parent, ids[b * BLOCK:(b + 1) * BLOCK], layers, dtype, shapes)
+            found = self._load(name, parent, ids[b * BLOCK:(b + 1) * BLOCK], layers, layout)
             if found is None:
                 break
-            shapes = [list(k.shape) for k, _ in found]  # every block of a prompt has the first one's layout
-            dtype = found[0][0].dtype
-            parts.append(found)
+            arrays, layout = found  # every block of a prompt has the first one's layout
+            parts.append(arrays)
             parent = name
-        if not parts:
+        if not parts or layout is None:
             return None
-        caches = []
+        quant = layout[2]
+        caches: list[Any] = []
         for layer in range(layers):
-            cache = KVCache()
-            keys = mx.concatenate([p[layer][0] for p in parts], axis=2)
-            values = mx.concatenate([p[layer][1] for p in parts], axis=2)
-            cache.update_and_fetch(keys, values)
+            joined = [mx.concatenate([p[layer][i] for p in parts], axis=2) for i in range(len(parts[0][layer]))]
+            if quant is not None:
+                cache = QuantizedRow(quant[0], quant[1])
+                cache.keys, cache.values, cache.offset = tuple(joined[:3]), tuple(joined[3:]), len(parts) * BLOCK
+            else:
+                cache = KVCache()
+                cache.update_and_fetch(joined[0], joined[1])
             caches.append(cache)
-        mx.eval([c.state for c in caches])
+        mx.eval([_parts(c) for c in caches])
         self.stats.read_tokens += len(parts) * BLOCK
         return caches
 
-    def _load(self, name: str, parent: str, tokens: list[int], layers: int, dtype: Any,
-              shapes: list[list[int]] | None) -> list[tuple[Any, Any]] | None:
+    def _load(self, name: str, parent: str, tokens: list[int], layers: int,
+              layout: tuple[Any, ...] | None) -> tuple[list[tuple[Any, ...]], tuple[Any, ...]] | None:
+        """Block `name`'s arrays per layer and its layout (shapes, dtypes, quantization), when the file
+        is whole, is this block and has `layout` (the prompt's first block's; None: any valid one)."""
         import mlx.core as mx
         import numpy as np
 
@@ -163,24 +182,28 @@ class DiskTier:
             magic, size = _HEADER.unpack_from(data)
             header = json.loads(data[_HEADER.size:_HEADER.size + size])
             payload = memoryview(data)[_HEADER.size + size:]
-            dtype = dtype or getattr(mx, _DTYPES[header["dtype"]])
-            stored = _storage(dtype)
-            found = header["shapes"]
+            shapes, dtypes, quant = header["shapes"], header["dtypes"], header["quant"]
+            found = (shapes, dtypes, quant)
+            per_layer = 2 if quant is None else 6
+            stored = [_storage(d) for d in dtypes]  # KeyError for a dtype no block holds
             if (magic != MAGIC or header["name"] != name or header["parent"] != parent
-                    or header["tokens"] != tokens or header["dtype"] != str(dtype) or len(found) != layers
-                    or any(len(s) != 4 or s[2] != BLOCK for s in found) or (shapes is not None and found != shapes)
+                    or header["tokens"] != tokens or len(shapes) != layers or len(dtypes) != per_layer
+                    or (layout is not None and found != layout)
+                    or any(len(layer) != per_layer or any(len(s) != 4 or s[2] != BLOCK for s in layer)
+                           for layer in shapes)
                     or len(payload) != header["bytes"]
-                    or header["bytes"] != 2 * sum(int(np.prod(s)) for s in found) * np.dtype(stored).itemsize
+                    or header["bytes"] != sum(int(np.prod(s)) * np.dtype(t).itemsize
+                                              for layer in shapes for s, t in zip(layer, stored, strict=True))
                     or zlib.crc32(payload) != header["crc"]):
                 raise ValueError("it is not this block")
-            pairs, at = [], 0
-            for shape in found:
-                pair = []
-                for _ in range(2):
-                    raw = np.frombuffer(payload, dtype=stored, count=int(np.prod(shape)), offset=at).reshape(shape)
+            arrays, at = [], 0
+            for layer in shapes:
+                row = []
+                for shape, kind, dtype in zip(layer, stored, dtypes, strict=True):
+                    raw = np.frombuffer(payload, dtype=kind, count=int(np.prod(shape)), offset=at).reshape(shape)
                     at += raw.nbytes
-                    pair.append(mx.array(raw).view(dtype) if dtype == mx.bfloat16 else mx.array(raw))
-                pairs.append((pair[0], pair[1]))
+                    row.append(mx.array(raw).view(mx.bfloat16) if dtype == "mlx.core.bfloat16" else mx.array(raw))
+                arrays.append(tuple(row))
         except FileNotFoundError:
             return None
         except Exception as exc:  # truncated, corrupt, foreign: never trusted, never a crash
@@ -189,7 +212,7 @@ class DiskTier:
             self._remove(path)
             return None
         os.utime(path)  # recently used: evicted last
-        return pairs
+        return arrays, found
 
     # -- writing (the writer thread) ---------------------------------------------------------------
 
@@ -208,9 +231,12 @@ class DiskTier:
             if fresh:
                 s, e = b * BLOCK, (b + 1) * BLOCK
                 # Views of arrays already evaluated: the writer thread reads their bytes, runs nothing.
-                layers = [(_stored(c.keys[..., s:e, :]), _stored(c.values[..., s:e, :])) for c in cache]
+                layers = [tuple(_stored(x[..., s:e, :]) for x in _parts(c)) for c in cache]
                 mx.eval(layers)
-                self._queue.put(_Write(name, parent, list(tokens[s:e]), layers, str(cache[0].keys.dtype)))
+                first = cache[0]
+                quant = [first.group_size, first.bits] if hasattr(first, "bits") else None
+                self._queue.put(_Write(name, parent, list(tokens[s:e]), layers,
+                                       [str(x.dtype) for x in _parts(first)], quant))
             parent = name
 
     def keep(self, ids: list[int]) -> None:
@@ -249,10 +275,11 @@ class DiskTier:
     def _write(self, item: _Write) -> None:
         import numpy as np
 
-        payload = b"".join(np.asarray(a).tobytes() for pair in item.layers for a in pair)
+        payload = b"".join(np.asarray(a).tobytes() for layer in item.layers for a in layer)
         header = json.dumps({
             "name": item.name, "parent": item.parent, "tokens": item.tokens, "bytes": len(payload),
-            "shapes": [list(k.shape) for k, _ in item.layers], "dtype": item.dtype, "crc": zlib.crc32(payload),
+            "shapes": [[list(x.shape) for x in layer] for layer in item.layers], "dtypes": item.dtypes,
+            "quant": item.quant, "crc": zlib.crc32(payload),
         }).encode()
         path = self._path(item.name)
         tmp = path.with_name(f".{path.name}.{threading.get_ident()}.part")
@@ -302,15 +329,12 @@ class DiskTier:
         return self._bytes
 
 
-_DTYPES = {"mlx.core.bfloat16": "bfloat16", "mlx.core.float16": "float16", "mlx.core.float32": "float32"}
-
-
-def _storage(dtype: Any) -> Any:
-    """The numpy type a block's values are stored as: bfloat16 as its 16 bits."""
-    import mlx.core as mx
+def _storage(dtype: str) -> Any:
+    """The numpy type an array of MLX dtype `dtype` (its name) is stored as: bfloat16 as its 16 bits."""
     import numpy as np
 
-    return {mx.bfloat16: np.uint16, mx.float16: np.float16, mx.float32: np.float32}[dtype]
+    return {"mlx.core.bfloat16": np.uint16, "mlx.core.float16": np.float16, "mlx.core.float32": np.float32,
+            "mlx.core.uint32": np.uint32}[dtype]
 
 
 def _stored(array: Any) -> Any:

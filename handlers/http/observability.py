@@ -84,6 +84,7 @@ class Metrics:
         r.register(_SpeculationCollector(engine))
         r.register(_PromptCacheCollector(engine))
         r.register(_SchedulerCollector(engine))
+        r.register(_KVCollector(engine))
 
     def watch_batches(self, source: Callable[[], dict[str, int]]) -> None:
         """Export the lines of batch jobs by state, read from `source` (the batch runner's `line_counts`:
@@ -202,6 +203,34 @@ class _PromptCacheCollector:
                 written.add_metric([model], tiers["disk"]["written_bytes"])
                 rejected.add_metric([model], tiers["disk"]["rejected"])
         yield from (hits, misses, held, evicted, read, written, rejected)
+
+
+class _KVCollector:
+    """Each loaded language model's batch key/value state: bytes in use and reserved by its rows, the
+    budget --memory-limit leaves them, requests waiting for room, and the bits it is quantized to."""
+
+    def __init__(self, engine: EngineClient) -> None:
+        self.engine = engine
+
+    def collect(self) -> Any:
+        from prometheus_client.core import GaugeMetricFamily
+
+        families = {
+            "bytes": GaugeMetricFamily("swama_kv_batch_bytes", "Key/value bytes the batch's rows hold now "
+                                       "(quantized bytes with --kv-bits)", labels=["model"]),
+            "reserved": GaugeMetricFamily("swama_kv_reserved_bytes", "Key/value bytes the running rows reserve: "
+                                          "prompt and generation budget (with --memory-limit)", labels=["model"]),
+            "budget": GaugeMetricFamily("swama_kv_budget_bytes", "Key/value bytes --memory-limit leaves the "
+                                        "batch's rows (0: not counted)", labels=["model"]),
+            "waiting": GaugeMetricFamily("swama_kv_waiting", "Requests waiting for key/value room",
+                                         labels=["model"]),
+            "bits": GaugeMetricFamily("swama_kv_bits", "Bits the key/value cache is quantized to (0: full "
+                                      "precision)", labels=["model"]),
+        }
+        for model, reading in sorted(self.engine.status().kv.items()):
+            for key, family in families.items():
+                family.add_metric([model], reading[key])
+        yield from families.values()
 
 
 class _SchedulerCollector:

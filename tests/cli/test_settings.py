@@ -116,7 +116,9 @@ def test_no_default_is_written_twice() -> None:
                 continue
             if re.search(rf"\b{name}\b\s*(?::[^=\n]*)?=\s*[\"']?{literal}\b", text):
                 found.append(f"{path.relative_to(REPO)}: {name} = {info.default}")
-            if isinstance(info.default, int | float) and re.search(rf"\(default {literal}\b", text):
+            # 0 and 1 are every other option's default too (a seed, a greedy temperature): not tied to one setting.
+            if (isinstance(info.default, int | float) and info.default not in (0, 1)
+                    and re.search(rf"\(default {literal}\b", text)):
                 found.append(f"{path.relative_to(REPO)}: a help text restates the default {info.default}")
         for env in envs:
             if re.search(rf"environ(?:\.get)?[\[(]\s*[\"']{env}[\"']", text):

@@ -11,6 +11,9 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
 from swama.engine.model import LoadedModel
+from swama.engine.text.kv_cache import QuantizedRow
+from swama.engine.text.kv_policy import KVQuant
+from swama.engine.text.kv_quant import as_quantized, use_kv_quant
 from swama.engine.text.language import load_language_model
 from swama.engine.text.prompt_cache import PromptCache, prompt_cache_for
 from swama.engine.text.prompt_disk import BLOCK, DiskTier, chain, fingerprint
@@ -21,6 +24,12 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def tiny(tiny_model_dir: Path) -> LoadedModel:
     return load_language_model("tiny", tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2_dir: Path) -> LoadedModel:
+    """SmolLM2: heads of 64, which MLX's quantization groups (the tiny model's 16 it cannot)."""
+    return load_language_model("smollm2", smollm2_dir)
 
 
 def prompt(n: int, seed: int = 0) -> list[int]:
@@ -151,3 +160,27 @@ def test_kept_prompts_are_evicted_last_in_memory_and_on_disk(tiny: LoadedModel, 
     assert len(cache) == 1 and cache.take(kept_ids + [1])[1] == len(kept_ids)
     on_disk = [p.stem for p in (tmp_path / name).glob("*.kv")]
     assert on_disk == chain(name, kept_ids, 1) and cache.disk.stats.evicted == 1
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_quantized_blocks_stay_quantized(smol: LoadedModel, tmp_path: Path, bits: int) -> None:
+    """With --kv-bits the blocks hold the packed values, scales and biases as the batch held them: read
+    back they are the same arrays, in a folder apart from the full-precision blocks of the same prompt."""
+    ids = prompt(2 * BLOCK + 7)
+    plain_dir = written(smol, tmp_path, ids).disk.root
+    use_kv_quant(smol, KVQuant(bits))
+    try:
+        held = as_quantized(filled(smol, ids), KVQuant(bits))
+        cache = restarted(smol, tmp_path)
+        assert cache.disk.root != plain_dir
+        cache.put(ids, held)
+        cache.close()
+        got, reused = restarted(smol, tmp_path).take(ids)
+        assert reused == 2 * BLOCK and all(isinstance(c, QuantizedRow) and c.bits == bits for c in got)
+        for a, b in zip(held, got, strict=True):
+            for x, y in zip((*a.keys, *a.values), (*b.keys, *b.values), strict=True):
+                assert mx.array_equal(x[..., :reused, :], y).item()
+        expected = next_logits(smol, ids, [c.prefix(reused) for c in held])
+        assert mx.array_equal(next_logits(smol, ids, got), expected).item()
+    finally:
+        use_kv_quant(smol, None)
