@@ -49,10 +49,6 @@ class _Entry:
     capacity: int = 1  # shared holders that run at once
     nbytes: int = 0  # the loaded model's estimated size
 
-    def weights_bytes(self) -> int:
-        """The estimated size of the models loaded or loading (what --memory-limit counts them as)."""
-        return sum(e.nbytes for e in self._entries.values() if e.model or e.loading)
-
     def running(self) -> int:
         return (1 if self.lock.locked() else 0) + min(self.shared, self.capacity)
 
@@ -158,6 +154,10 @@ class ModelPool:
         """Keep `model_id` loaded for good and count 1/`shares` of its size: the ranks of a group
         hold the other shares and keep their state in step with this one."""
         self._pinned[model_id] = shares
+
+    def weights_bytes(self) -> int:
+        """The estimated size of the models loaded or loading (what --memory-limit counts them as)."""
+        return sum(e.nbytes for e in self._entries.values() if e.model or e.loading)
 
     def running(self) -> int:
         """Operations (and batch rows) running on a model now."""
