@@ -14,8 +14,9 @@ the SiLU of the gated MLP. On the CPU this module replaces both, with the same m
   its own thread, and the parts are joined on the caller's stream.
 
 Results match MLX's own kernels to float32 rounding (tests/engine/test_cpu_forward.py). `install`
-swaps these functions into the model's mlx-lm module; quantized caches, attention sinks and small
-problems (a decode step, where MLX's fused kernels win) keep mlx-lm's path.
+swaps these functions into the model's mlx-lm module; attention sinks and small problems (a decode
+step, where MLX's fused kernels win) keep mlx-lm's path, and so does a quantized cache's decode step
+(a prompt's chunk reads the same keys and values dequantized).
 """
 
 from __future__ import annotations
@@ -94,8 +95,14 @@ def attention(queries: Any, keys: Any, values: Any, cache: Any, scale: float, ma
 
     batch, heads, length, _ = queries.shape
     known_mask = mask is None or isinstance(mask, mx.array) or (isinstance(mask, str) and mask == "causal")
-    if hasattr(cache, "bits"):  # quantized keys and values (packed, scales, biases): mlx-lm's quantized path
-        return whole(queries, keys, values, cache, scale, mask, sinks)
+    if hasattr(cache, "bits"):  # quantized keys and values (packed, scales, biases), --kv-bits
+        if length < MIN_QUERIES or sinks is not None:  # a decode step: mlx-lm's quantized kernels
+            return whole(queries, keys, values, cache, scale, mask, sinks)
+        # A prompt's chunk: the same values dequantized, through the blocks below (mlx-lm's quantized
+        # path exponentiates every score with MLX's slow exp: 4x slower prefill).
+        keys = mx.dequantize(*keys, group_size=cache.group_size, bits=cache.bits)
+        values = mx.dequantize(*values, group_size=cache.group_size, bits=cache.bits)
+        cache = None
     keys_length = keys.shape[2]
     if (sinks is not None or not known_mask or length < MIN_QUERIES
             or batch * heads * length * keys_length < MIN_SCORES):

@@ -101,3 +101,19 @@ def test_the_threshold_and_what_stays_plain() -> None:
     assert "no group size" in KVQuant(8, 32).fits(16) and KVQuant(8, 64).fits(128) is None
     assert KVQuant(8, 64).element_bytes(4) == pytest.approx(1.125)
     assert KVQuant(4, 64).element_bytes(2) == pytest.approx(0.5625)
+
+
+def test_the_cpu_attention_reads_a_quantized_chunk_as_mlx_lm_does() -> None:
+    """A prompt's chunk over a quantized cache goes through the CPU's blocked attention on the same
+    values dequantized (engine/text/cpu_forward.py): it matches mlx-lm's quantized attention."""
+    from swama.engine.text.cpu_forward import attention
+
+    rows = [row(n, s) for s, n in enumerate([200, 130])]
+    quant = BatchQuantizedKVCache.merge(as_quantized(rows, KVQuant(8), force=True))
+    q = mx.random.normal((2, HEADS * 3, 64, DIM), key=mx.random.key(3))
+    k, v = (mx.random.normal((2, HEADS, 64, DIM), key=mx.random.key(s)) for s in (4, 5))
+    mask = quant.make_mask(64, return_array=True)
+    keys, values = quant.update_and_fetch(k, v)
+    ours = attention(q, keys, values, quant, DIM ** -0.5, mask)
+    reference = scaled_dot_product_attention(q, keys, values, cache=quant, scale=DIM ** -0.5, mask=mask)
+    assert mx.allclose(ours, reference, atol=1e-4).item()
