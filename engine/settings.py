@@ -99,7 +99,8 @@ class EngineSettings(StoreSettings):
     idle_seconds: float = option(300.0, "a model unused this long is unloaded and its memory released",
                                  metavar="SECONDS", gt=0)
     memory_limit: int | None = option(
-        None, "memory all loaded models may take; a load past it evicts idle models first and otherwise gets 503",
+        None, "memory all loaded models may take, with the key/value state of their batches: a load past it evicts "
+              "idle models first and otherwise gets 503; a request whose rows would pass it waits for room",
         metavar="BYTES", default_text="what the system has available", ge=1)
     prompt_cache: bool = option(True, "keep no prompt cache: every request prefills its whole prompt",
                                 flags=("--no-prompt-cache",))

@@ -71,7 +71,7 @@ def in_force(kv: KVQuant | None, model_path: Path, head_dim: int | None = None, 
     be grouped as `kv` says (logged once the model loads, given its `name`)."""
     if kv is None:
         return None
-    dim = head_dim or config_head_dim(model_path)
+    dim = config_head_dim(model_path) or head_dim  # the config's: a split model's modules hold a share of the heads
     why = kv.fits(dim) if dim else None
     if why is None:
         return kv

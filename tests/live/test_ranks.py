@@ -325,3 +325,17 @@ def test_a_killed_rank_ends_the_stream_and_the_group_restarts(model_store: Path)
         assert _chat(server, TINY_ID, "Hello again.", 4)["choices"][0]["finish_reason"] == "length"
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("kv_server", [8], indirect=True)
+def test_quantized_caches_across_three_ranks_answer_as_one_process(model_store: Path, kv_server: LiveServer) -> None:
+    """--kv-bits 8 on every rank: SmolLM2 split over three ranks answers as one process with the same
+    quantized caches does (each rank quantizes its own heads, alike)."""
+    server = _ranked(model_store, "smollm2-ranks-kv8", SMOLLM2_ID, "--ranks", "3", "--rank-timeout", "120",
+                     "--kv-bits", "8")
+    try:
+        _same_answers(server, kv_server, SMOLLM2_ID, PROMPTS[1:2], max_tokens=6, probability=tol(1e-4, BF16_PROBABILITY))
+        text = httpx.get(f"{server.url}/metrics", timeout=30).text
+        assert f'swama_kv_bits{{model="{SMOLLM2_ID}"}} 8.0' in text
+    finally:
+        server.stop()

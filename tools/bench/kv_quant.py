@@ -1,7 +1,8 @@
 """Quantized key/value caches (--kv-bits): what 8 and 4 bits cost in quality and speed, and what they
 buy in memory, against full precision on the same model in the same run.
 
-    python -m tools.bench.kv_quant [--model-dir DIR] [--document 4000] [--generate 256] [--repeats 3] [--write]
+    python -m tools.bench.kv_quant [--model-dir DIR] [--document 4000] [--generate 256] [--repeats 3]
+        [--speed-prompt 2000] [--write]
 
 Everything runs through swama's engine as the server runs it: the batch scheduler, its admission
 and generation batch, with the model's caches quantized as `--kv-bits` would (group size 32, from
@@ -16,7 +17,7 @@ the first token):
   many outputs parse and validate;
 - decisions: their caches are full precision whatever --kv-bits says (a decision's cache lives for
   one pass), so their probabilities do not move; stated, not measured;
-- speed: prefill tok/s of a 2,000-token prompt and decode tok/s at that context (one row), and
+- speed: prefill tok/s of a `--speed-prompt`-token prompt and decode tok/s at that context (one row), and
   generated tok/s of eight short rows over their whole requests; median of `--repeats` with the spread;
 - memory: bytes a token of context takes (the admission's estimate, and what the batch's arrays
   really hold), and how many 4,000-token streams a --memory-limit of the weights plus 1 GiB admits.
@@ -36,12 +37,22 @@ from typing import Any
 from tools.bench.common import (
     add_write_option,
     machine_facts,
-    package_version,
     publish,
     resolve_model_dir,
     today,
 )
 
+# What the figures above it mean, recorded with them (measured on SmolLM2-135M, float32, 2 cores).
+RECOMMENDATION = (
+    "**Recommendation.** Use `--kv-bits 8` where key/value memory binds: its log-probabilities move by "
+    "about a hundredth of a nat, the top token is the same 99% of the time, structured outputs stay valid, "
+    "and greedy answers stay word for word for dozens to hundreds of tokens, for 3.2x the tokens in the "
+    "same memory (1.8x in bfloat16). `--kv-bits 4` moves this small model far more (a quarter of a nat, "
+    "greedy answers part within a few tokens): measure it on your own model with this tool before using it. "
+    "On the CPU a prompt reads as fast quantized (its chunks go through the blocked attention on "
+    "dequantized values); a decode step is slower (0.6-0.7x at a 2,000-token context), since MLX's "
+    "quantized attention for one query is slower than its fused full-precision kernel. GPU figures are "
+    "not recorded yet: the tool runs there unchanged.")
 SETTINGS = [None, 8, 4]  # full precision, then the bits
 GROUP = 32
 CHUNK = 512
@@ -182,12 +193,12 @@ def structured(model: Any) -> tuple[int, int]:
     return valid, len(done)
 
 
-def speed(model: Any, ids: list[int], repeats: int) -> dict[str, list[float]]:
+def speed(model: Any, ids: list[int], repeats: int, prompt: int) -> dict[str, list[float]]:
     from swama.engine.text.generator import ChatRequest, Sampling
 
     out: dict[str, list[float]] = {"prefill": [], "decode_long": [], "decode_8": []}
     for _ in range(repeats):
-        [(long, _)], _ = run_rows(model, [ChatRequest([], prompt=ids[:2000], sampling=Sampling(temperature=0),
+        [(long, _)], _ = run_rows(model, [ChatRequest([], prompt=ids[:prompt], sampling=Sampling(temperature=0),
                                                       max_tokens=64, context_limit=4096)])
         out["prefill"].append(long.prompt_tokens / long.prompt_seconds)
         out["decode_long"].append(long.completion_tokens / long.generation_seconds)
@@ -208,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--document", type=int, default=4000)
     parser.add_argument("--generate", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--speed-prompt", type=int, default=2000, help="prompt tokens of the one-row speed run")
     add_write_option(parser)
     args = parser.parse_args(argv)
     folder, _ = resolve_model_dir(args.model_dir)
@@ -230,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         lp, cache = logprobs(model, ids, bits)
         tokens = greedy(model, args.generate)
         valid, total = structured(model)
-        fast = speed(model, ids, args.repeats)
+        fast = speed(model, ids, args.repeats, args.speed_prompt)
         estimate = kv_token_bytes(model.model, dtype.size, _kv(bits))
         if bits is None:
             reference_lp, reference_tokens = lp, tokens
@@ -242,10 +254,9 @@ def main(argv: list[str] | None = None) -> int:
 
     weights = model_bytes(folder, dtype.size)
     lines = [f"`python -m tools.bench.kv_quant --document {args.document} --generate {args.generate} "
-             f"--repeats {args.repeats}`, {today()}: SmolLM2-135M-Instruct, {str(dtype).split('.')[-1]} on the CPU, "
+             f"--repeats {args.repeats} --speed-prompt {args.speed_prompt}`, {today()}: SmolLM2-135M-Instruct, {str(dtype).split('.')[-1]} on the CPU, "
              f"group size {GROUP}, quantized from the first token. Facts: "
-             + ", ".join(f"{k} {v}" for k, v in machine_facts().items())
-             + f", mlx {package_version('mlx')}, mlx-lm {package_version('mlx-lm')}.", "",
+             + ", ".join(f"{k} {v}" for k, v in machine_facts().items()) + ".", "",
              f"Quality against full precision ({len(ids)}-token document read in {CHUNK}-token chunks; "
              f"{args.generate} greedy tokens from {len(PROMPTS)} prompts in one batch; 8 rows held to a JSON schema):",
              "",
@@ -257,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"{', '.join(str(f) for f in firsts)} | {same:.1%} | {valid}/{total} |")
     lines += ["", "Decisions: unchanged by construction (their caches stay full precision under --kv-bits).", "",
               f"Speed (median of {args.repeats}, min-max; tokens/s):", "",
-              "| cache | prefill, 2,000-token prompt | decode at 2,000 context, 1 row | 8 short rows, generated over the whole run |",
+              f"| cache | prefill, {args.speed_prompt:,}-token prompt | decode at {args.speed_prompt:,} context, 1 row "
+              "| 8 short rows, generated over the whole run |",
               "| --- | --- | --- | --- |"]
     base = rows[0][6]
     for bits, *_, fast, _, _ in rows:
@@ -271,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
               "4,000-token streams admitted |", "| --- | --- | --- | --- |"]
     for bits, *_, estimate, held in rows:
         lines.append(f"| {label(bits)} | {estimate:,} | {held:,.0f} | {ROOM // (STREAM * estimate)} |")
+    lines += ["", RECOMMENDATION]
     publish("Quantized key/value caches (CPU)", "\n".join(lines), args.write)
     return 0
 
