@@ -42,7 +42,7 @@ from swama.engine.serving.turn import PromptScore
 from swama.engine.settings import EngineSettings, SettingsError
 from swama.engine.speculative.policy import speculation_of
 from swama.engine.text.generator import ChatRequest, Event, Finished, generate, prompt_ids
-from swama.engine.text.kv_quant import use_kv_quant
+from swama.engine.text.kv_policy import use_kv_quant
 from swama.engine.text.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, prompt_logprobs
 from swama.engine.text.prompt_cache import PromptCache, prompt_cache_for, prompt_cache_of
 from swama.engine.text.tokenize import Tokenized, TokenizeJob, text_of, tokens_of

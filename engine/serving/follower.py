@@ -9,7 +9,7 @@ from swama.engine.serving.loaders import load_model
 from swama.engine.serving.scheduler import Scheduler
 from swama.engine.settings import EngineSettings
 from swama.engine.speculative.policy import speculation_of
-from swama.engine.text.kv_quant import use_kv_quant
+from swama.engine.text.kv_policy import use_kv_quant
 from swama.engine.text.prompt_cache import PromptCache
 
 

@@ -85,7 +85,8 @@ from swama.engine.text.generator import (
     row_processors,
     token_budget,
 )
-from swama.engine.text.kv_quant import as_quantized, kv_quant_of, kv_token_bytes
+from swama.engine.text.kv_policy import kv_quant_of
+from swama.engine.text.kv_quant import as_quantized, kv_token_bytes
 from swama.engine.text.logprobs import Recorder, TokenLogprob, prompt_logprobs, token_bytes
 from swama.engine.text.prompt_cache import PromptCache, cacheable
 

@@ -20,7 +20,7 @@ from swama.engine.model import LoadedModel
 from swama.engine.settings import default_of
 from swama.engine.text.chat_prompt import Prompt, TemplateOptions, build_prompt, template_renders_tools
 from swama.engine.text.grammar import Constraint, enforcer
-from swama.engine.text.kv_quant import kv_quant_of
+from swama.engine.text.kv_policy import kv_quant_of
 from swama.engine.text.logprobs import MAX_TOP_LOGPROBS, Recorder, TokenLogprob, token_bytes
 from swama.engine.text.prompt_cache import PromptCache, cacheable, prompt_cache_of
 from swama.engine.text.reasoning import ReasoningSplitter, ThinkingBudget, markers, prompt_opens

@@ -10,6 +10,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("swama.engine")
 
@@ -66,18 +67,29 @@ def config_head_dim(model_path: Path) -> int | None:
     return hidden // heads if heads and hidden else None
 
 
-def in_force(kv: KVQuant | None, model_path: Path, head_dim: int | None = None, name: str = "") -> KVQuant | None:
+def in_force(kv: KVQuant | None, model_path: Path, name: str = "") -> KVQuant | None:
     """The quantization a model's caches get: `kv`, or None (full precision) where its heads cannot
     be grouped as `kv` says (logged once the model loads, given its `name`)."""
     if kv is None:
         return None
-    dim = config_head_dim(model_path) or head_dim  # the config's: a split model's modules hold a share of the heads
+    dim = config_head_dim(model_path)  # the config's: a split model's modules hold a share of the heads
     why = kv.fits(dim) if dim else None
     if why is None:
         return kv
     if name:
         log.warning("%s keeps full-precision key/value caches: %s", name, why)
     return None
+
+
+def use_kv_quant(model: Any, kv: KVQuant | None) -> None:
+    """Quantize a loaded language model's caches as `kv` says (None: full precision): kept beside the
+    model, where the scheduler, the prompt cache and generation alone read it (`kv_quant_of`)."""
+    model.beside.set(KVQuant, in_force(kv, model.path, name=model.id))
+
+
+def kv_quant_of(model: Any) -> KVQuant | None:
+    """The quantization in force for a loaded model's caches (None: full precision)."""
+    return model.beside.get(KVQuant)
 
 
 def catalog_entry(kv: KVQuant | None, model_path: Path) -> dict[str, int | None]:

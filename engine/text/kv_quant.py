@@ -18,18 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from swama.engine.text.kv_policy import KVQuant, in_force, quantized
-
-
-def use_kv_quant(model: Any, kv: KVQuant | None) -> None:
-    """Quantize a loaded language model's caches as `kv` says (None: full precision). A model whose
-    head size the group size does not divide keeps full precision (kv_policy.in_force says why)."""
-    model.beside.set(KVQuant, in_force(kv, model.path, head_dim(model.model), model.id))
-
-
-def kv_quant_of(model: Any) -> KVQuant | None:
-    """The quantization in force for a loaded model's caches (None: full precision)."""
-    return model.beside.get(KVQuant)
+from swama.engine.text.kv_policy import KVQuant, quantized
 
 
 def _attention_layers(net: Any) -> list[tuple[Any, Any]]:
@@ -50,15 +39,6 @@ def _attention_layers(net: Any) -> list[tuple[Any, Any]]:
             return []
         found.append((attn, cache))
     return found
-
-
-def head_dim(net: Any) -> int | None:
-    """The model's attention head size, where its layout says it plainly."""
-    for attn, _ in _attention_layers(net):
-        heads = getattr(attn, "n_kv_heads", None) or getattr(attn, "num_key_value_heads", None)
-        if heads:
-            return attn.k_proj.weight.shape[0] // heads
-    return None
 
 
 def kv_token_bytes(net: Any, dtype_bytes: int, kv: KVQuant | None) -> int | None:

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from swama.engine.model import LoadedModel
-from swama.engine.text.kv_quant import as_quantized, kv_quant_of, quantized
+from swama.engine.text.kv_policy import kv_quant_of, quantized
+from swama.engine.text.kv_quant import as_quantized
 from swama.engine.text.prompt_disk import BLOCK, DiskTier, fingerprint
 
 KEPT_PROMPTS = 64  # prompts remembered as asked to be kept (the oldest are forgotten first)

@@ -12,8 +12,8 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from swama.engine.model import LoadedModel
 from swama.engine.text.kv_cache import QuantizedRow
-from swama.engine.text.kv_policy import KVQuant
-from swama.engine.text.kv_quant import as_quantized, use_kv_quant
+from swama.engine.text.kv_policy import KVQuant, use_kv_quant
+from swama.engine.text.kv_quant import as_quantized
 from swama.engine.text.language import load_language_model
 from swama.engine.text.prompt_cache import PromptCache, prompt_cache_for
 from swama.engine.text.prompt_disk import BLOCK, DiskTier, chain, fingerprint

@@ -77,8 +77,7 @@ def document(tokenizer: Any, n: int) -> list[int]:
 
 
 def quantize(model: Any, bits: int | None) -> None:
-    from swama.engine.text.kv_policy import KVQuant
-    from swama.engine.text.kv_quant import use_kv_quant
+    from swama.engine.text.kv_policy import KVQuant, use_kv_quant
 
     use_kv_quant(model, KVQuant(bits, GROUP) if bits else None)
 
