@@ -95,9 +95,18 @@ ANSWER_DEPENDENT = frozenset({
 })
 
 
-def content_bound(request: Any, server: LiveServer) -> None:
-    """Skip a test of ANSWER_DEPENDENT on a server whose caches are quantized to 4 bits."""
+def rerun_against_kv_server() -> tuple[Any, Any]:
+    """The fixtures of a module that reruns route tests against conftest's `kv_server`: `model_server`
+    as that server, and one (autouse) that skips a test of ANSWER_DEPENDENT at 4 bits."""
     import pytest
 
-    if request.node.originalname in ANSWER_DEPENDENT and "--kv-bits 4" in " ".join(server.process.args):
-        pytest.skip("reads SmolLM2's answer, which 4-bit key/value caches change (measured in docs/benchmarks.md)")
+    @pytest.fixture(scope="module")
+    def model_server(kv_server: LiveServer) -> LiveServer:
+        return kv_server
+
+    @pytest.fixture(autouse=True)
+    def _answers_at_4_bits(request: pytest.FixtureRequest, kv_server: LiveServer) -> None:
+        if request.node.originalname in ANSWER_DEPENDENT and "--kv-bits 4" in " ".join(kv_server.process.args):
+            pytest.skip("reads SmolLM2's answer, which 4-bit key/value caches change (measured in docs/benchmarks.md)")
+
+    return model_server, _answers_at_4_bits

@@ -42,19 +42,12 @@ from test_responses_live import (  # noqa: F401
     test_streaming_events_validate_and_count_up,
 )
 
-from live_server import LiveServer, content_bound
+from live_server import LiveServer, rerun_against_kv_server
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def model_server(kv_server: LiveServer) -> LiveServer:
-    return kv_server
-
-
-@pytest.fixture(autouse=True)
-def _answers_at_4_bits(request: pytest.FixtureRequest, kv_server: LiveServer) -> None:
-    content_bound(request, kv_server)
+model_server, _answers_at_4_bits = rerun_against_kv_server()
 
 
 @pytest.fixture(scope="module")

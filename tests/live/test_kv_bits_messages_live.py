@@ -15,19 +15,12 @@ from test_messages_live import (  # noqa: F401  (collected here, against the qua
     test_tool_use_round_trip,
 )
 
-from live_server import LiveServer, content_bound
+from live_server import LiveServer, rerun_against_kv_server
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def model_server(kv_server: LiveServer) -> LiveServer:
-    return kv_server
-
-
-@pytest.fixture(autouse=True)
-def _answers_at_4_bits(request: pytest.FixtureRequest, kv_server: LiveServer) -> None:
-    content_bound(request, kv_server)
+model_server, _answers_at_4_bits = rerun_against_kv_server()
 
 
 @pytest.fixture(scope="module")
