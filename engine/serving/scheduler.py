@@ -247,10 +247,10 @@ class Scheduler:
         self.kv_budget = kv_budget if self.kv_token_bytes is not None else None
         self._reserved: dict[int, int] = {}  # bytes each row reserves, by row id
         self._held: deque[_Job] = deque()  # requests waiting for key/value room
-        if self.kv is not None and self.speculation.on:
-            # Drafting keeps each row's cache in its own arrays to roll rejected tokens back
-            # (engine/speculative/row_cache.py), at full precision only: quantized caches decode plainly.
-            log.info("%s: --kv-bits decodes without drafting (speculative rows keep full-precision caches)", model.id)
+        if self.kv is not None and self.kv.after > 0 and self.speculation.on:
+            # Drafting's row caches (engine/speculative/row_cache.py) are quantized from their first token or
+            # never: a batch that turns quantized midway decodes plainly.
+            log.info("%s: --kv-quantize-after decodes without drafting", model.id)
             self.speculation = dataclasses.replace(self.speculation, mode="off")
         self.draft = draft if self.group is None else None  # ranks draft by prompt lookup alone
         if self.group is not None:  # every rank must choose the same pass widths: from the prior, not timings
@@ -802,7 +802,8 @@ class Scheduler:
                 from swama.engine.speculative.batch import SpeculativeGenerator
 
                 self._gen = SpeculativeGenerator(model, speculation=self.speculation, clock=self.clock,
-                                                 draft_model=self.draft.model if self.draft else None, **options)
+                                                 draft_model=self.draft.model if self.draft else None, kv=self.kv,
+                                                 **options)
             else:
                 # The compiled step keeps its own full-precision storage: quantized caches take mlx-lm's forward.
                 plain = self.group is None and self.kv is None

@@ -37,6 +37,7 @@ from swama.engine.speculative.policy import Costs, Row, Speculation, choose_widt
 from swama.engine.speculative.row_cache import RowKVCache
 from swama.engine.speculative.verify import lazy_arrays, verify_sampled
 from swama.engine.text.decode_step import LeanBatch, LeanGenerator
+from swama.engine.text.kv_cache import BatchQuantizedKVCache
 from swama.engine.text.sampler import Sampler
 
 NO_LOGPROBS = None  # speculative tokens carry no log-probability vector (rows asking for them never draft)
@@ -84,8 +85,8 @@ class SpeculativeBatch(LeanBatch):
 
     def extend(self, batch: GenerationBatch) -> None:
         caches = batch.prompt_cache
-        convert = self.speculation.on and caches and all(type(c) in (BatchKVCache, BatchRotatingKVCache)
-                                                         for c in caches)
+        convert = self.speculation.on and caches and all(
+            type(c) in (BatchKVCache, BatchRotatingKVCache, BatchQuantizedKVCache) for c in caches)
         if convert:
             batch.prompt_cache = [RowKVCache.of(c) for c in caches]
         joining = [Row(able=_able(s, p), greedy=getattr(s, "greedy", False)) if convert else None
@@ -298,3 +299,4 @@ class SpeculativeGenerator(LeanGenerator):
         drafter = DraftModel(draft_model) if draft_model is not None and speculation.mode in ("draft", "auto") else None
         self._generation_batch = SpeculativeBatch.start(model, self.sampler, speculation, self.counters, drafter)
         self._generation_batch.clock = clock
+        self._generation_batch.kv = kwargs.get("kv")

@@ -293,3 +293,28 @@ def test_sampled_rows_that_draft_keep_the_distribution_of_plain_sampling(tiny_mo
     assert accepted > 100  # drafting really ran
     for i in range(6):
         assert _tv(with_drafts[i], without[i], rare=20) < 0.12, (i, with_drafts[i], without[i])
+
+
+def test_quantized_caches_draft_and_roll_back_as_plain_decoding_does(smollm2: LoadedModel) -> None:
+    """--kv-bits 8: the row caches a drafting batch keeps are quantized too (a verification writes its
+    positions quantized and cuts rejected ones back per row); the file copy decodes to the tokens of
+    quantized decoding one token a step, and the cache the row leaves resumes the next turn."""
+    from swama.engine.text.kv_policy import KVQuant, use_kv_quant
+
+    use_kv_quant(smollm2, KVQuant(8))
+    try:
+        request = _request(ECHO, max_tokens=80)
+        (_, plain), = _scheduled(smollm2, [request], OFF)[0]
+        cache = PromptCache(1 << 30)
+        results, counters = _scheduled(smollm2, [request, _request(PROMPTS[2], max_tokens=30)], prompt_cache=cache)
+        (answer, drafted), _ = results
+        assert drafted.token_ids == plain.token_ids and drafted.draft_tokens > drafted.completion_tokens // 2
+        assert counters.accepted > 0
+        follow = ChatRequest([*request.messages, {"role": "assistant", "content": answer},
+                              {"role": "user", "content": "Now add a docstring to f2."}],
+                             sampling=Sampling(temperature=0), max_tokens=8, context_limit=4096)
+        (_, resumed), = _scheduled(smollm2, [follow], prompt_cache=cache)[0]
+        assert resumed.cached_tokens > len(prepare(smollm2, request).ids)
+        assert all(hasattr(c, "bits") for entry in cache._entries.values() for c in entry.cache)
+    finally:
+        use_kv_quant(smollm2, None)
