@@ -210,7 +210,8 @@ class Admission:
         if any(padding):
             for c in group.cache:
                 c.finalize()
-        group.cache = as_quantized(group.cache, self.kv)  # once the group's caches hold enough tokens
+        if self.kv is not None and self.kv.after:  # once the group's caches hold enough (from the first: at join)
+            group.cache = as_quantized(group.cache, self.kv)
         mx.async_eval([c.state for c in group.cache])
         for r, n in zip(rows, chunks, strict=True):
             r.done += n

@@ -243,7 +243,7 @@ class Scheduler:
         # Key/value room (from --memory-limit): each row reserves its prompt and the tokens it may
         # generate at the bytes a token takes (quantized ones with --kv-bits); a request that does not
         # fit beside the rows running waits for them, in arrival order. None: rows are not counted.
-        self.kv_token_bytes = kv_token_bytes(model.model, compute_dtype().size, self.kv)
+        self.kv_token_bytes = kv_token_bytes(model.model, compute_dtype().size, self.kv) if kv_budget is not None else None
         self.kv_budget = kv_budget if self.kv_token_bytes is not None else None
         self._reserved: dict[int, int] = {}  # bytes each row reserves, by row id
         self._held: deque[_Job] = deque()  # requests waiting for key/value room

@@ -69,7 +69,7 @@ class LeanBatch(GenerationBatch):
         import mlx.core as mx
 
         self._paddings = None
-        if self.kv is not None and self.prompt_cache:
+        if self.kv is not None and self.kv.after and self.prompt_cache:  # after 0: every cache arrives quantized
             self.prompt_cache = as_quantized(self.prompt_cache, self.kv)
         fed = self._next_tokens  # the tokens drawn last step: this step feeds them and returns them
         self._current_tokens, self._current_logprobs = fed, self._next_logprobs

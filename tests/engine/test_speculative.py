@@ -57,6 +57,13 @@ def _request(prompt: str, max_tokens: int = 96, **sampling: Any) -> ChatRequest:
                        max_tokens=max_tokens, context_limit=4096)
 
 
+def _next_turn(request: ChatRequest, answer: str, max_tokens: int) -> ChatRequest:
+    """The conversation's next turn after `answer`: an edit of the file it copied."""
+    return ChatRequest([*request.messages, {"role": "assistant", "content": answer},
+                        {"role": "user", "content": "Now add a docstring to f2."}],
+                       sampling=Sampling(temperature=0), max_tokens=max_tokens, context_limit=4096)
+
+
 def _scheduled(model: LoadedModel, requests: list[ChatRequest], speculation: Speculation = NGRAM, rows: int = 8,
                prompt_cache: PromptCache | None = None,
                draft: LoadedModel | None = None) -> tuple[list[tuple[str, Finished]], Any]:
@@ -167,9 +174,7 @@ def test_a_drafted_row_hands_the_prompt_cache_exactly_its_tokens(smollm2: Loaded
     first = _request(ECHO, max_tokens=80)
     (answer, done), = _scheduled(smollm2, [first], prompt_cache=cache)[0]
     assert done.draft_tokens > 0
-    follow = ChatRequest([*first.messages, {"role": "assistant", "content": answer},
-                          {"role": "user", "content": "Now add a docstring to f2."}],
-                         sampling=Sampling(temperature=0), max_tokens=40, context_limit=4096)
+    follow = _next_turn(first, answer, max_tokens=40)
     (_, resumed), = _scheduled(smollm2, [follow], prompt_cache=cache)[0]
     assert resumed.cached_tokens > len(prepare(smollm2, first).ids)
     _assert_same(smollm2, follow, alone(smollm2, follow), resumed)
@@ -310,9 +315,7 @@ def test_quantized_caches_draft_and_roll_back_as_plain_decoding_does(smollm2: Lo
         (answer, drafted), _ = results
         assert drafted.token_ids == plain.token_ids and drafted.draft_tokens > drafted.completion_tokens // 2
         assert counters.accepted > 0
-        follow = ChatRequest([*request.messages, {"role": "assistant", "content": answer},
-                              {"role": "user", "content": "Now add a docstring to f2."}],
-                             sampling=Sampling(temperature=0), max_tokens=8, context_limit=4096)
+        follow = _next_turn(request, answer, max_tokens=8)
         (_, resumed), = _scheduled(smollm2, [follow], prompt_cache=cache)[0]
         assert resumed.cached_tokens > len(prepare(smollm2, request).ids)
         assert all(hasattr(c, "bits") for entry in cache._entries.values() for c in entry.cache)
