@@ -17,7 +17,8 @@ the first token):
   many outputs parse and validate;
 - decisions: their caches are full precision whatever --kv-bits says (a decision's cache lives for
   one pass), so their probabilities do not move; stated, not measured;
-- speed: prefill tok/s of a `--speed-prompt`-token prompt and decode tok/s at that context (one row), and
+- speed: prefill tok/s of a `--speed-prompt`-token prompt and decode tok/s at that context (one row),
+  beside the same run through mlx-lm's own loop with its own `kv_bits` (the peer: mlx_lm.server), and
   generated tok/s of eight short rows over their whole requests; median of `--repeats` with the spread;
 - memory: bytes a token of context takes (the admission's estimate, and what the batch's arrays
   really hold), and how many 4,000-token streams a --memory-limit of the weights plus 1 GiB admits.
@@ -208,6 +209,38 @@ def speed(model: Any, ids: list[int], repeats: int, prompt: int) -> dict[str, li
     return out
 
 
+def peer(model: Any, ids: list[int], bits: int | None, repeats: int, prompt: int) -> dict[str, list[float]]:
+    """The same one-row run through mlx-lm's own loop (`generate_step` with its `kv_bits`, what
+    `mlx_lm.server --kv-bits` runs, one request at a time), with mlx-lm's own attention and SwiGLU put
+    back for it (swama swaps in its CPU ones at load)."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+    from mlx_lm.models import activations, base
+    from mlx_lm.models.cache import make_prompt_cache
+
+    module = sys.modules[type(model.model).__module__]
+    saved = {name: getattr(module, name) for name in ("scaled_dot_product_attention", "swiglu") if hasattr(module, name)}
+    module.scaled_dot_product_attention = base.scaled_dot_product_attention
+    if "swiglu" in saved:
+        module.swiglu = activations.swiglu
+    quant = {"kv_bits": bits, "kv_group_size": GROUP, "quantized_kv_start": 0} if bits else {}
+    out: dict[str, list[float]] = {"prefill": [], "decode_long": []}
+    try:
+        for _ in range(repeats):
+            start = time.perf_counter()
+            steps = generate_step(mx.array(ids[:prompt]), model.model, max_tokens=64, prefill_step_size=CHUNK,
+                                  prompt_cache=make_prompt_cache(model.model), **quant)
+            next(steps)
+            first = time.perf_counter()
+            n = sum(1 for _ in steps)
+            out["prefill"].append(prompt / (first - start))
+            out["decode_long"].append(n / (time.perf_counter() - first))
+    finally:
+        for name, fn in saved.items():
+            setattr(module, name, fn)
+    return out
+
+
 def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
 
@@ -242,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         tokens = greedy(model, args.generate)
         valid, total = structured(model)
         fast = speed(model, ids, args.repeats, args.speed_prompt)
+        fast.update({f"peer_{k}": v for k, v in peer(model, ids, bits, args.repeats, args.speed_prompt).items()})
         estimate = kv_token_bytes(model.model, dtype.size, _kv(bits))
         if bits is None:
             reference_lp, reference_tokens = lp, tokens
@@ -268,14 +302,14 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["", "Decisions: unchanged by construction (their caches stay full precision under --kv-bits).", "",
               f"Speed (median of {args.repeats}, min-max; tokens/s):", "",
               f"| cache | prefill, {args.speed_prompt:,}-token prompt | decode at {args.speed_prompt:,} context, 1 row "
-              "| 8 short rows, generated over the whole run |",
-              "| --- | --- | --- | --- |"]
+              "| 8 short rows, generated over the whole run | mlx-lm's loop (peer): prefill | mlx-lm's loop: decode |",
+              "| --- | --- | --- | --- | --- | --- |"]
     base = rows[0][6]
     for bits, *_, fast, _, _ in rows:
         ratio = "" if bits is None else (
             f" ({statistics.median(fast['decode_long']) / statistics.median(base['decode_long']):.2f}x)")
         lines.append(f"| {label(bits)} | {spread(fast['prefill'])} | {spread(fast['decode_long'])}{ratio} | "
-                     f"{spread(fast['decode_8'])} |")
+                     f"{spread(fast['decode_8'])} | {spread(fast['peer_prefill'])} | {spread(fast['peer_decode_long'])} |")
     lines += ["", f"Memory (--memory-limit of the weights, {weights / 2**20:.0f} MiB, plus 1 GiB; streams of "
               f"{STREAM:,} tokens, each reserving prompt and generation):", "",
               "| cache | bytes a token (admission's estimate) | bytes a token (held by the arrays) | "
