@@ -110,3 +110,20 @@ def rerun_against_kv_server() -> tuple[Any, Any]:
             pytest.skip("reads SmolLM2's answer, which 4-bit key/value caches change (measured in docs/benchmarks.md)")
 
     return model_server, _answers_at_4_bits
+
+
+def read_http_answer(conn: socket.socket) -> bytes:
+    """One whole HTTP/1.1 answer (head and a Content-Length body) from a raw socket: the two may arrive in
+    separate reads, so a single recv can hold only the head, leaving the body to the next read."""
+    answer = b""
+    while True:
+        head, found, body = answer.partition(b"\r\n\r\n")
+        if found:
+            length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")[1:]
+                           if line.lower().startswith(b"content-length:")), 0)
+            if len(body) >= length:
+                return answer
+        part = conn.recv(65536)
+        if not part:
+            return answer
+        answer += part

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import json
-import re
 import signal
 import socket
 import time
@@ -20,7 +19,7 @@ import pytest
 from conftest import SMOLLM2_ID, make_store
 from openai import OpenAI
 
-from live_server import LiveServer, start_server
+from live_server import LiveServer, read_http_answer, start_server
 
 KEY = "batch-key"
 MINILM_ID = "sentence-transformers/all-MiniLM-L6-v2"
@@ -195,14 +194,7 @@ def test_bad_input_gets_a_clear_4xx(client: OpenAI, server: LiveServer) -> None:
     with socket.create_connection((host, int(port)), timeout=30) as raw:
         raw.sendall(f"POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
                     "Content-Type: multipart/form-data; boundary=x\r\nContent-Length: 300000000\r\n\r\n--x".encode())
-        answer = b""
-        while b"\r\n\r\n" not in answer or len(answer.partition(b"\r\n\r\n")[2]) < int(
-                re.search(rb"content-length: (\d+)", answer, re.I).group(1) if b"\r\n\r\n" in answer else 1):
-            part = raw.recv(65536)  # the head and the body may come in separate reads
-            if not part:
-                break
-            answer += part
-        answer = answer.decode()
+        answer = read_http_answer(raw).decode()
     assert answer.startswith("HTTP/1.1 413") and "The file is larger than 200000000 bytes" in answer, answer
 
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 import zstandard
 
-from live_server import LiveServer, start_server
+from live_server import LiveServer, read_http_answer, start_server
 
 CLEF_ROUTES = [f"{prefix}/accounts/{{account_id}}/ai/run/@cf/cloudflare/{model}"
                for prefix in ("/client/v4", "") for model in ("clef", "clef-flash")]
@@ -214,6 +214,6 @@ def test_an_idle_connection_outlives_the_clients_keep_alive(empty_server: LiveSe
     with socket.create_connection((url.hostname, url.port), timeout=30) as conn:
         for _ in range(2):
             conn.sendall(ask)
-            reply = conn.recv(65536)
+            reply = read_http_answer(conn)
             assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
             time.sleep(6)  # longer than the clients' 5 s, and uvicorn's own default
