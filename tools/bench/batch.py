@@ -1,7 +1,7 @@
 """Batch jobs (`/v1/files`, `/v1/batches`) on a live `swama serve`: a decision job against the same
 requests sent live, and live chat beside a running job, in one run on one server.
 
-    python -m tools.bench.batch [--model-dir DIR] [--lines 200] [--clients 32] [--rounds 1]
+    python -m tools.bench.batch [--model-dir DIR] [--lines 200] [--clients 32] [--rounds 1] [--load-requests]
                                 [--chat-streams 8] [--chat-lines 200] [--chat-max-tokens 32]
                                 [--server-flags ...] [--data DIR] [--swama-src DIR] [--write [MD]]
 
@@ -11,7 +11,8 @@ warmed up (one decision and chat request, then `--clients` decision requests at 
 is timed.
 
 **Decisions, batch against live.** `--lines` requests to `/v1/decisions`, each 4 questions (2
-predicates, 2 four-way choices) over its own ~300-token input (tools.bench.load's ticket text, led by a
+predicates, 2 four-way choices; with `--load-requests` tools.bench.load's 20) over its own ~300-token input
+(`--input-tokens`; tools.bench.load's ticket text, led by a
 line naming the request and the run, so no request shares a prefix with another beyond the text every
 request carries, and a later run reuses nothing of an earlier one). Live: `--clients` httpx clients
 send them closed-loop until all are answered; reported: wall time, questions/s, requests/s, median and
@@ -19,7 +20,7 @@ p95 latency. Batch: the same requests as one JSON-lines file (purpose `batch`, u
 openai SDK), one job (`endpoint="/v1/decisions"`, `completion_window="24h"`), polled every 0.2 s until
 it is final; reported: wall time from the create call to the first poll that sees it `completed`,
 questions/s, and the checks: every line completed, none failed, an output file of `--lines` lines with
-unique custom_ids, each a 200 with 4 answers. Live runs first, then the batch; `--rounds 2` runs a
+unique custom_ids, each a 200 with an answer per question. Live runs first, then the batch; `--rounds 2` runs a
 second round batch first, and the table gives medians with the spread (min-max).
 
 **Live chat beside a job.** `--chat-streams` streamed chat requests start together (max_tokens
@@ -69,10 +70,10 @@ from tools.bench.common import (
     temp_dir,
     today,
 )
+from tools.bench.load import decision_body as load_decision_body
 from tools.bench.load import ticket_text
 
 TITLE = "Batch jobs: a decision job against the same requests live, and live chat beside a job"
-QUESTIONS = 4
 FINAL = ("completed", "failed", "expired", "cancelled")
 POLL_SECONDS = 0.2
 CHAT_TASK = "Write a short note to a colleague about the weather today and what it means for the weekend."
@@ -119,13 +120,14 @@ def jsonl(url: str, bodies: list[tuple[str, dict[str, Any]]]) -> bytes:
 @dataclass
 class LiveRun:
     requests: int
+    questions: int
     wall: float = 0.0
     latencies: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
     @property
     def questions_per_second(self) -> float:
-        return ratio(QUESTIONS * len(self.latencies), self.wall)
+        return ratio(self.questions * len(self.latencies), self.wall)
 
     @property
     def requests_per_second(self) -> float:
@@ -142,7 +144,7 @@ def quantile(values: list[float], q: float) -> float:
 def run_live_decisions(base_url: str, bodies: list[dict[str, Any]], clients: int, timeout: float,
                        phase_timeout: float) -> LiveRun:
     """`bodies` sent by `clients` threads, each taking the next one as soon as its last is answered."""
-    run = LiveRun(len(bodies))
+    run = LiveRun(len(bodies), len(bodies[0]["questions"]))
     work: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
     for body in bodies:
         work.put(body)
@@ -165,8 +167,8 @@ def run_live_decisions(base_url: str, bodies: list[dict[str, Any]], clients: int
                     if r.status_code != 200:
                         raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
                     answers = r.json().get("answers") or []
-                    if len(answers) != QUESTIONS:
-                        raise RuntimeError(f"{len(answers)} answers, not {QUESTIONS}")
+                    if len(answers) != len(body["questions"]):
+                        raise RuntimeError(f"{len(answers)} answers, not {len(body['questions'])}")
                 except Exception as exc:  # reported with the run
                     with lock:
                         run.errors.append(str(exc)[:200])
@@ -211,6 +213,7 @@ def wait_batch(client: Any, batch_id: str, timeout: float, until: tuple[str, ...
 @dataclass
 class BatchRun:
     lines: int
+    questions: int
     wall: float = 0.0
     upload: float = 0.0
     status: str = ""
@@ -220,14 +223,14 @@ class BatchRun:
 
     @property
     def questions_per_second(self) -> float:
-        return ratio(QUESTIONS * self.completed, self.wall)
+        return ratio(self.questions * self.completed, self.wall)
 
     @property
     def requests_per_second(self) -> float:
         return ratio(self.completed, self.wall)
 
 
-def check_output(client: Any, batch: Any, lines: int) -> list[str]:
+def check_output(client: Any, batch: Any, lines: int, questions: int) -> list[str]:
     """What is wrong with a decision job's result (empty when nothing is)."""
     problems = []
     counts = batch.request_counts
@@ -245,14 +248,14 @@ def check_output(client: Any, batch: Any, lines: int) -> list[str]:
     if len(ids) != len(rows):
         problems.append(f"{len(rows) - len(ids)} repeated custom_ids")
     bad = [row.get("custom_id") for row in rows if (row.get("response") or {}).get("status_code") != 200
-           or len(((row.get("response") or {}).get("body") or {}).get("answers") or []) != QUESTIONS]
+           or len(((row.get("response") or {}).get("body") or {}).get("answers") or []) != questions]
     if bad:
-        problems.append(f"{len(bad)} lines without a 200 of {QUESTIONS} answers (first {bad[0]})")
+        problems.append(f"{len(bad)} lines without a 200 of {questions} answers (first {bad[0]})")
     return problems
 
 
 def run_batch_decisions(client: Any, bodies: list[dict[str, Any]], run: int, phase_timeout: float) -> BatchRun:
-    result = BatchRun(len(bodies))
+    result = BatchRun(len(bodies), len(bodies[0]["questions"]))
     start = time.perf_counter()
     upload = client.files.create(file=(f"decisions-{run}.jsonl", jsonl("/v1/decisions", [
         (f"ticket-{i}", body) for i, body in enumerate(bodies)])), purpose="batch")
@@ -264,7 +267,7 @@ def run_batch_decisions(client: Any, bodies: list[dict[str, Any]], run: int, pha
     counts = batch.request_counts
     result.status = batch.status
     result.completed, result.failed = (counts.completed, counts.failed) if counts else (0, 0)
-    result.problems = check_output(client, batch, len(bodies))
+    result.problems = check_output(client, batch, len(bodies), result.questions)
     return result
 
 
@@ -454,6 +457,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--clients", type=int, default=32, help="live decision clients (default 32)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="rounds of live and batch, the order reversed every other round (default 1)")
+    parser.add_argument("--load-requests", action="store_true",
+                        help="send tools.bench.load's decision requests (20 questions: 10 predicates, 10 four-way "
+                             "choices) instead of this module's 4-question ones")
     parser.add_argument("--input-tokens", type=int, default=300, help="tokens of each decision input (default 300)")
     parser.add_argument("--chat-streams", type=int, default=8, help="live chat streams per wave (default 8)")
     parser.add_argument("--chat-lines", type=int, default=200, help="lines of the chat job (default 200)")
@@ -493,6 +499,9 @@ def main(argv: list[str] | None = None) -> int:
     flags = ["--max-model-queue", "1024", *extra_flags]
     batch_lines = flag_value(extra_flags, "--batch-lines", "16")
     text = ticket_text(args.input_tokens)
+    body_of = (lambda model, text, index, run: load_decision_body(model, text, run, index)) \
+        if args.load_requests else decision_body
+    questions = len(body_of(model, text, 0, 0)["questions"])
     lives: list[LiveRun] = []
     batches: list[BatchRun] = []
     with temp_dir("bench-batch-") as root:
@@ -511,12 +520,12 @@ def main(argv: list[str] | None = None) -> int:
                                 max_retries=0)
                 with httpx.Client(timeout=args.timeout) as http:  # loads the model
                     http.post(server.base_url + "/v1/decisions",
-                              json=decision_body(model, text, -1, 0)).raise_for_status()
+                              json=body_of(model, text, -1, 0)).raise_for_status()
                     stream_chat(http, server, request_body(model, chat_scenario(args.chat_max_tokens), 0))
-                warm = [decision_body(model, text, -2 - i, 0) for i in range(args.clients)]
+                warm = [body_of(model, text, -2 - i, 0) for i in range(args.clients)]
                 run_live_decisions(server.base_url, warm, args.clients, args.timeout, args.phase_timeout)
                 for r in range(args.rounds):
-                    bodies = [[decision_body(model, text, i, 2 * r + k + 1) for i in range(args.lines)] for k in (0, 1)]
+                    bodies = [[body_of(model, text, i, 2 * r + k + 1) for i in range(args.lines)] for k in (0, 1)]
                     order = ("live", "batch") if r % 2 == 0 else ("batch", "live")
                     for k, kind in enumerate(order):
                         if kind == "live":
@@ -541,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
     body = "\n\n".join([
         f"One `swama serve` on the model folder `{folder.name}` (flags `{shlex.join(flags)}`, {batch_lines} lines "
         f"of a job in flight at once), its own temporary data folder. Measured {today()} with:\n\n```\n{command}\n```",
-        f"### Decisions: {args.lines} requests of {QUESTIONS} questions over ~{args.input_tokens}-token inputs, "
+        f"### Decisions: {args.lines} requests of {questions} questions over ~{args.input_tokens}-token inputs, "
         f"live and as one batch job",
         f"{args.rounds} round(s), live then batch (batch then live in every other round); medians, with the "
         "spread (min-max) over rounds when there are several. Batch wall time: from the create call to the first "
