@@ -317,6 +317,11 @@ def main(argv: list[str] | None = None) -> int:
               "4,000-token streams admitted |", "| --- | --- | --- | --- |"]
     for bits, *_, estimate, held in rows:
         lines.append(f"| {label(bits)} | {estimate:,} | {held:,.0f} | {ROOM // (STREAM * estimate)} |")
+    from swama.engine.runtime import on_gpu
+
+    if on_gpu():  # the recommendation above was written from the CPU's figures
+        publish(f"Quantized key/value caches (NVIDIA GPU, {folder.name})", "\n".join(lines), args.write)
+        return 0
     lines += ["", RECOMMENDATION]
     publish("Quantized key/value caches (CPU)", "\n".join(lines), args.write)
     return 0
