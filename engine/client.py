@@ -299,6 +299,13 @@ class ModelFiles:
                                 progress=progress)
         return create(self._store, path, name, options=options)
 
+    def create_adapter(self, path: Path, name: str, base: str) -> InstalledModel:
+        """Install the LoRA adapter folder `path` (mlx-lm's or PEFT's) under `name`, against the installed
+        model `base` (StoreError, and nothing installed, when it does not fit it)."""
+        from swama.engine.adapters.install import create_adapter
+
+        return create_adapter(self._store, path, name, base)
+
     def remove(self, name: str) -> InstalledModel:
         return self._store.remove(name)
 

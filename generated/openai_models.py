@@ -3113,6 +3113,8 @@ class Model(BaseModel):
     shutdown_date: date | None = None
     size_in_bytes: Annotated[JSONInt | None, Field(ge=0)] = None
     kind: ModelKind | None = None
+    parent: StrictStr | None = None
+    root: StrictStr | None = None
 
 
 class ModelIdsResponsesModelIdsResponses(StrEnum):

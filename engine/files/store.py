@@ -38,6 +38,7 @@ class InstalledModel:
     # What a conversion recorded: the GGUF file's architecture, quantization and tensor types, and
     # what they were converted to (empty for models installed as they were published).
     conversion: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    base: str | None = None  # a LoRA adapter's base model (engine/adapters/); None for a model
 
 
 def _read_meta(folder: Path) -> InstalledModel | None:
@@ -47,7 +48,8 @@ def _read_meta(folder: Path) -> InstalledModel | None:
         kind = str(meta.get("kind") or kind_of(folder))
         return InstalledModel(id=str(meta["id"]), path=folder, size_in_bytes=int(meta.get("size_in_bytes", 0)),
                               created=int(meta.get("created", 0)), source=str(meta.get("source", "")), kind=kind,
-                              conversion={k: meta[k] for k in CONVERSION_KEYS if k in meta})
+                              conversion={k: meta[k] for k in CONVERSION_KEYS if k in meta},
+                              base=str(meta["base"]) if meta.get("base") else None)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

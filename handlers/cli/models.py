@@ -24,13 +24,21 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     pull.add_argument("model")
     pull.set_defaults(func=pull_model)
 
-    create = sub.add_parser("create", help="add a local model folder or GGUF file",
+    create = sub.add_parser("create", help="add a local model folder, GGUF file or LoRA adapter",
                             description="Install a local MLX/Hugging Face model folder (copied) or a GGUF file "
                                         "under NAME. A GGUF file of a llama, qwen2, qwen3, gemma2, gemma3 or "
                                         "phi3 model is converted whatever its quantization (legacy, K- and "
-                                        "I-quants, BF16, F16, F32), one tensor at a time.")
+                                        "I-quants, BF16, F16, F32), one tensor at a time. With --base, PATH is a "
+                                        "LoRA adapter folder (mlx-lm's: adapter_config.json and "
+                                        "adapters.safetensors, as mlx_lm.lora writes them; or PEFT's: "
+                                        "adapter_config.json and adapter_model.safetensors), checked against "
+                                        "the installed base model and served as NAME: a request naming NAME "
+                                        "runs on the base with the adapter applied, batched with the base's "
+                                        "other requests.")
     create.add_argument("path")
     create.add_argument("-n", "--name", required=True, help="the id to store it under, e.g. me/my-model")
+    create.add_argument("--base", default=None, metavar="MODEL",
+                        help="install PATH as a LoRA adapter of this installed model")
     add_options(create, RuntimeSettings, only=["dtype"])
     create.add_argument("--quantize", type=int, choices=(4, 8), default=None, metavar="BITS",
                         help="re-quantize the converted GGUF matrices with MLX's affine quantization (4 or 8 "
@@ -63,6 +71,11 @@ def pull_model(args: argparse.Namespace) -> int:
 
 
 def create_model(args: argparse.Namespace) -> int:
+    if args.base is not None:
+        if args.quantize is not None or given(args, RuntimeSettings).get("dtype") is not None:
+            raise SystemExit("error: --quantize and --dtype apply to models, not to an adapter (--base)")
+        model_files().create_adapter(Path(args.path), args.name, args.base)
+        return 0
     dtype = given(args, RuntimeSettings).get("dtype")
     model_files().create(Path(args.path), args.name, dtype=None if dtype in (None, "auto") else dtype,
                          quantize=args.quantize, progress=sys.stderr.isatty())
@@ -91,12 +104,14 @@ def list_models(args: argparse.Namespace) -> int:
     models = files.list()
     if args.format == "json":
         print(json.dumps([{"id": m.id, "kind": m.kind, "size_in_bytes": m.size_in_bytes, "path": str(m.path),
-                           "created": m.created, "source": m.source, **m.conversion} for m in models], indent=2))
+                           "created": m.created, "source": m.source, "base": m.base, **m.conversion}
+                          for m in models], indent=2))
         return 0
     if not models:
         print(f"No models installed in {files.root}. Try: swama pull {DEFAULT_MODEL}")
         return 0
-    _table([("NAME", "KIND", "SIZE", "PATH")] + [(m.id, m.kind, _human(m.size_in_bytes), str(m.path)) for m in models],
+    _table([("NAME", "KIND", "SIZE", "PATH")] + [
+        (m.id, f"adapter of {m.base}" if m.base else m.kind, _human(m.size_in_bytes), str(m.path)) for m in models],
            right=frozenset({2}))
     return 0
 

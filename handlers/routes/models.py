@@ -5,7 +5,8 @@ One body carries both (`object`/`data` for OpenAI clients, `models` for System O
 what a question that names no debiasing or calibration gets on it (`x_decision_defaults`); a language
 model's says how its key/value cache is kept (`x_kv_cache`: the bits, group size and threshold of
 --kv-bits, nulls at full precision, as for a model whose heads cannot be grouped so). Requests
-cannot change either.
+cannot change either. A LoRA adapter's entry names its base model (`parent`, and `root`: the model whose
+weights it runs on).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ async def list_models(call: Call, request: None) -> dict[str, Any]:
         "object": "list",
         "data": [
             {"id": m.id, "object": "model", "created": m.created, "owned_by": "swama",
-             "size_in_bytes": m.size_in_bytes, "kind": m.kind}
+             "size_in_bytes": m.size_in_bytes, "kind": m.kind, "parent": m.base, "root": m.base or m.id}
             for m in installed
         ],
         "models": catalog,
