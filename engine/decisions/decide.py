@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from swama.engine.adapters.bank import selected
 from swama.engine.decisions import shared_prefix
 from swama.engine.decisions.adjust.methods import Adjustment, Applied
 from swama.engine.decisions.heads import Head, fill_cache, head_split, logits_at
@@ -88,6 +89,7 @@ class DecisionJob:
     # `decide` expands and combines around the scorer, which never sees them. Empty: none.
     adjustments: Sequence[Adjustment] = ()
     batch: bool = False  # a batch job's line: packed and scored after live requests (engine/priority.py)
+    adapter_slot: int = 0  # a LoRA adapter's slot in the model's bank (engine/adapters/); 0: none
 
 
 @dataclass(frozen=True)
@@ -441,6 +443,10 @@ class DecisionRun:
 
     def prefill(self) -> None:
         """The shared prefix into this (prepared) run's cache, on the model's thread."""
+        with selected(self.model, self.job.adapter_slot):
+            self._prefill_shared()
+
+    def _prefill_shared(self) -> None:
         if self.prefix > 0:
             first = self.prepared[0]
             prefill = self._prefill(first)
@@ -452,6 +458,10 @@ class DecisionRun:
                 self._snapshot, self.shared = snapshot_cache(self.shared), None
 
     def score_next(self) -> ScoredAnswer:
+        with selected(self.model, self.job.adapter_slot):
+            return self._score_next()
+
+    def _score_next(self) -> ScoredAnswer:
         from mlx_lm.models.cache import trim_prompt_cache
 
         q = self.prepared[len(self.answers)]
@@ -487,7 +497,10 @@ class DecisionRun:
         end = len(self.prepared) if max_rows is None else min(len(self.prepared), start + max(max_rows, 0))
         if not self.batches:
             return [self.score_next() for _ in range(start, end)]
-        questions = self.prepared[start:end]
+        with selected(self.model, self.job.adapter_slot):
+            return self._score_rows(self.prepared[start:end])
+
+    def _score_rows(self, questions: Sequence[PreparedQuestion]) -> list[ScoredAnswer]:
         lengths = [len(q.ids) - self.prefix for q in questions]
         # No prefix to copy without a shared cache; the whole prompts' logits then dominate the memory.
         kv_token_bytes = kv_bytes_per_token(self.shared) if self.shared is not None else 0
@@ -510,8 +523,8 @@ class DecisionRun:
     @property
     def joins_others(self) -> bool:
         """Whether this run's questions can share batched passes with other runs on the model: a
-        shared prefix held in plain KV caches."""
-        return self.batches and self.shared is not None
+        shared prefix held in plain KV caches, and no adapter (whose rows are its own)."""
+        return self.batches and self.shared is not None and not self.job.adapter_slot
 
     def pending(self) -> list[PreparedQuestion]:
         """The questions neither answered nor in a pass still computing (`launched`)."""

@@ -44,8 +44,9 @@ def width_step() -> int:
 def packable(run: DecisionRun) -> bool:
     """Whether a prepared run's prefix can be read in a pack: text questions sharing a prefix, on a
     model whose fresh cache is plain key/value layers (recurrent and sliding-window layers would
-    read the padding)."""
-    return run.prefix_reuse and run.prefix > 0 and not run.job.images and run.state.plain_cache
+    read the padding), and no adapter (its rows are its own)."""
+    return (run.prefix_reuse and run.prefix > 0 and not run.job.images and run.state.plain_cache
+            and not run.job.adapter_slot)
 
 
 def pick_pack(runs: Sequence[DecisionRun], budget: int, step: int, powers: bool = False) -> list[DecisionRun]:

@@ -327,7 +327,7 @@ class EngineProcess(InstalledModels):
                     self._observe(model_id, event)
                     yield event
                 return
-            face = await self._face(installed)
+            face = await self._face(self.base_of(installed))
             prompt = prepare(face, request) if quick_to_prepare(request) else await in_thread(lambda: prepare(face, request))
             decoder = Decoder(face, request, len(prompt.ids), None, prompt.opens_thinking)
             decoder.started = submitted  # time to first token counts the preparation and the wait for a row

@@ -31,6 +31,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from swama.engine.adapters.bank import selected
 from swama.engine.text.kv_quant import as_quantized, merged
 
 MIN_LENGTH = 16  # the shortest padded prefill length on a GPU
@@ -58,6 +59,8 @@ class Pending:
     extra: Any = None  # what the caller needs once the prompt is read (its row's sampling and budget)
     arrived: int = 0  # the admission's turn when it was added
     batch: bool = False  # a batch job's line: read after the live prompts waiting with it
+    slot: int = 0  # its LoRA adapter's slot in the model's bank (engine/adapters/); 0: none
+    salt: str | None = None  # that adapter's id
 
     @property
     def left(self) -> int:
@@ -95,6 +98,7 @@ class Admission:
     max_rows: int = 64  # prompts one forward reads at most
     wait: int = 0  # turns a prompt may wait for others to be read with while rows decode
     kv: Any = None  # quantized key/value caches (engine/text/kv_quant.py KVQuant), None at full precision
+    loaded: Any = None  # the LoadedModel, whose adapter bank (if any) each forward selects rows' adapters in
     waiting: deque[Pending] = field(default_factory=deque)
     group: _Group | None = None
     turns: int = 0
@@ -206,7 +210,8 @@ class Admission:
         if any(padding):
             for c in group.cache:
                 c.prepare(lengths=chunks, right_padding=padding)
-        self.model(mx.array(tokens), cache=group.cache)
+        with selected(self.loaded, [r.slot for r in rows]):
+            self.model(mx.array(tokens), cache=group.cache)
         if any(padding):
             for c in group.cache:
                 c.finalize()

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from swama.engine.adapters.bank import bank_of, selected
 from swama.engine.decisions.adjust.methods import CONTENT_FREE_INPUT
 from swama.engine.decisions.adjust.plan import AdjustState, combine, plan_job
 from swama.engine.decisions.adjust.store import CalibrationCache, CalibrationFile
@@ -162,9 +163,14 @@ class Engine(InstalledModels):
         """Events of one generation on a model `model_for` found. Stop iterating (or `aclose()`) to cancel."""
         check_generation(request, self.settings)
         request = replace(request, batch=request.batch or BATCH.get())
+        adapter = self.model(model_id)
+        base_id = self.base_of(adapter).id
         try:
-            if self._scheduled(model_id):
-                async with self.pool.share(model_id, self._rows()) as model:
+            if self._scheduled(base_id):
+                async with self.pool.share(base_id, self._rows()) as model, \
+                        self._adapter(model, adapter) as slot:
+                    if slot:
+                        request = replace(request, adapter=adapter.id, adapter_slot=slot)
                     events = self._scheduler(model).generate(request)
                     try:
                         async for event in events:
@@ -173,12 +179,38 @@ class Engine(InstalledModels):
                     finally:
                         await events.aclose()
                 return
-            async with self.pool.use(model_id) as model:
+            async with self.pool.use(base_id) as model, self._adapter(model, adapter) as slot:
+                if slot:
+                    request = replace(request, adapter=adapter.id, adapter_slot=slot)
                 async for event in iterate_in_thread(lambda cancel: generate(model, request, cancel)):
                     self._observe(model_id, event)
                     yield event
         except Cancelled:
             return
+
+    @contextlib.asynccontextmanager
+    async def _adapter(self, model: LoadedModel, installed: Any) -> AsyncIterator[int]:
+        """The bank slot of the LoRA adapter `installed` is (0 when it is a model) on its base `model`,
+        held while the request runs; refused where adapters are not served."""
+        if installed.base is None:
+            yield 0
+            return
+        if group_of(model) is not None:
+            raise BadInput(f"Adapter '{installed.id}' cannot run on '{model.id}': the model is split across ranks "
+                           "(--ranks), which serve it without adapters.", param="model")
+        scheduler = self._scheduler(model)
+        scheduler.adapters = True
+        if scheduler.compiled:
+            raise BadInput(f"Adapter '{installed.id}' cannot run on '{model.id}' as loaded: its batch runs the compiled "
+                           "decode step, which has no adapters. It was installed after the model loaded; the model "
+                           "takes mlx-lm's forward once it is loaded again (after --idle-seconds, or a restart), or "
+                           "start the server with --compiled-step off.", param="model")
+        bank = bank_of(model, self.settings.max_adapters)
+        slot = await in_thread(lambda: bank.acquire(installed.id, installed.path))
+        try:
+            yield slot
+        finally:
+            bank.release(installed.id)
 
     async def stream_tokens(self, model_id: str, ids: list[int], request: ChatRequest, opens_thinking: bool,
                             sink: Sink, cid: int, ended: asyncio.Event) -> bool:
@@ -186,10 +218,14 @@ class Engine(InstalledModels):
         its tokens go to `sink` until `ended` is set (by the sink, at the job's end) or this is cancelled.
         False when the model's batch cannot take it (its caches do not merge): the front end then asks
         for the generation's events instead."""
-        async with self.pool.share(model_id, self._rows()) as model:
+        adapter = self.model(model_id)
+        async with self.pool.share(self.base_of(adapter).id, self._rows()) as model, \
+                self._adapter(model, adapter) as slot:
             scheduler = self._scheduler(model)
             if not scheduler.batching:
                 return False
+            if slot:
+                request = replace(request, adapter=adapter.id, adapter_slot=slot)
             def submit() -> Any:
                 return scheduler.submit_tokens(ids, request, opens_thinking, sink, cid)
 
@@ -217,9 +253,11 @@ class Engine(InstalledModels):
         if len(ids) > limit:
             raise ContextTooLong(f"The prompt ({len(ids)} tokens) is longer than the context window of "
                                  f"{limit} tokens.", code="context_limit_exceeded")
-        async with self._held(model_id) as model:
+        adapter = self.model(model_id)
+        async with self._held(model_id) as model, self._adapter(model, adapter) as slot:
             def work() -> list[TokenLogprob]:
-                return prompt_logprobs(model, ids, top, temperature)
+                with selected(model, slot):
+                    return prompt_logprobs(model, ids, top, temperature)
 
             if self._scheduled(model_id):
                 scheduler = self._scheduler(model)
@@ -229,7 +267,9 @@ class Engine(InstalledModels):
 
     @contextlib.asynccontextmanager
     async def _held(self, model_id: str) -> AsyncIterator[LoadedModel]:
-        """The model held the way its kind is served: shared by its scheduler, or exclusively."""
+        """The model held the way its kind is served: shared by its scheduler, or exclusively (a LoRA
+        adapter's base model for an adapter)."""
+        model_id = self.base_of(self.model(model_id)).id
         if self._scheduled(model_id):
             async with self.pool.share(model_id, self._rows()) as model:
                 yield model
@@ -266,6 +306,7 @@ class Engine(InstalledModels):
                                   speculation=speculation_of(self.settings),
                                   compiled_step=self.settings.compiled_step,
                                   draft=self._draft_for(model), kv_budget=self._kv_budget())
+            scheduler.adapters = any(m.base == model.id for m in self.store.list())
             model.beside.set(Scheduler, scheduler)  # closed with the model
         return scheduler
 
@@ -341,8 +382,11 @@ class Engine(InstalledModels):
         """
         run: DecisionRun | None = None
         reuse = self.settings.decision_prefix_reuse
-        if self._scheduled(model_id):
-            async with self.pool.share(model_id, self._rows()) as model:
+        adapter = self.model(model_id)
+        base_id = self.base_of(adapter).id
+        if self._scheduled(base_id):
+            async with self.pool.share(base_id, self._rows()) as model, self._adapter(model, adapter) as slot:
+                job = replace(job, adapter_slot=slot)
                 scheduler = self._scheduler(model)
                 run = DecisionRun(model, job, prefix_reuse=reuse)
                 await in_thread(run.prepare)  # templates, tokenizing and label checks: off the model's thread
@@ -361,7 +405,7 @@ class Engine(InstalledModels):
                     scheduler.forget(run)
         else:
             while run is None or not run.done:
-                async with self.pool.use(model_id, admit=run is None) as model:
+                async with self.pool.use(base_id, admit=run is None) as model:
                     if run is None:
                         run = DecisionRun(model, job, prefix_reuse=reuse)
                         step = run.start

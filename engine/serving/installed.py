@@ -29,6 +29,17 @@ class InstalledModels:
             raise NotFound()
         return model
 
+    def base_of(self, model: InstalledModel) -> InstalledModel:
+        """The model a request for `model` runs on: itself, or a LoRA adapter's base model (404 with the
+        reason when the base is no longer installed)."""
+        if model.base is None:
+            return model
+        base = self.store.find(model.base)
+        if base is None:
+            raise NotFound(f"Adapter '{model.id}' needs its base model '{model.base}', which is not installed; "
+                           f"install it again (swama pull or swama create) or remove the adapter (swama rm {model.id}).")
+        return base
+
     @staticmethod
     def require(model: InstalledModel, task: Task, name: str | None = None) -> None:
         require(model, task, name)

@@ -237,6 +237,9 @@ class Scheduler:
                  kv_budget: int | None = None) -> None:
         self.model = model
         self.compiled_step = compiled_step or default_of("compiled_step")
+        # LoRA adapters may run on this model (engine/adapters/): its batch takes mlx-lm's forward, whose
+        # layers add them; the compiled step's fused projections would not.
+        self.adapters = False
         self.group: RankGroup | None = group_of(model)
         self.speculation = for_device(speculation or Speculation(), on_gpu())
         self.kv = kv_quant_of(model)  # quantized key/value caches (--kv-bits), None at full precision
@@ -276,6 +279,10 @@ class Scheduler:
         self._active: dict[int, _Job | None] = {}  # by row id (None: another rank's request, when following)
         self._uid_of: dict[int, int] = {}  # a row's uid in the generation batch, once its prompt is read
         self._rid_of: dict[int, int] = {}
+        # Rows with a LoRA adapter (engine/adapters/), by uid: the bank slot each forward selects for them,
+        # and the adapter's id that keys their cache in the prompt cache.
+        self._slot_of: dict[int, int] = {}
+        self._salt_of: dict[int, str] = {}
         self._rids = 0
         self._admission: Admission | None = None
         # Prefill shapes from a small set on a GPU, where each new shape's attention graph is built
@@ -297,7 +304,8 @@ class Scheduler:
         self._keys = 0
         self._forget: list[int] = []
         self._checksum = 0
-        self._keeping: list[tuple[list[Any], list[int]]] = []  # finished rows' caches on their way to the prompt cache
+        # finished rows' caches (with their adapter's id) on their way to the prompt cache
+        self._keeping: list[tuple[list[Any], list[int], str | None]] = []
         self._running: concurrent.futures.Future[Any] | None = None  # the task running now
         self._thread: threading.Thread | None = None  # the thread running the loop, once it runs
         following = self.group is not None and self.group.rank != 0
@@ -806,14 +814,22 @@ class Scheduler:
                                                  **options)
             else:
                 # The compiled step keeps its own full-precision storage: quantized caches take mlx-lm's forward.
-                plain = self.group is None and self.kv is None
+                plain = self.group is None and self.kv is None and not self.adapters
                 decoder = decoder_for(self.model, self.compiled_step, on_gpu()) if plain else None
                 make_batch = functools.partial(SlotBatch.on, decoder) if decoder is not None else None
                 self._gen = LeanGenerator(model, clock=self.clock, make_batch=make_batch, kv=self.kv, **options)
+            self._gen.adapt(self.model, self._slot_of)
             self._eos = StopSequences([[t] for t in sorted(self.model.eos_ids)])
             self._admission = Admission(self.model.model, self.prefill_step, self.bucketed, max_rows=self.rows,
-                                        wait=self.prefill_wait, kv=self.kv)
+                                        wait=self.prefill_wait, kv=self.kv, loaded=self.model)
         return self._gen
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the generation batch runs the compiled decode step (fixed when the batch is made)."""
+        from swama.engine.text.compiled_step.batch import SlotBatch
+
+        return self._gen is not None and isinstance(getattr(self._gen, "_generation_batch", None), SlotBatch)
 
     def _insert(self, job: _Job, stream: Any, turn: Turn | None = None, held: bool = False) -> bool:
         """Queue a request's prompt for the batch; True when it waits for key/value room instead
@@ -836,7 +852,7 @@ class Scheduler:
                 # Every rank samples the same tokens from the same logits only with one seed.
                 sampling = dataclasses.replace(sampling, seed=secrets.randbits(63))
             rid, job.reused = self._join(ids, budget, sampling, stream, job.processors, job.request.batch,
-                                         job.request.keep_prompt)
+                                         job.request.keep_prompt, job.request.adapter, job.request.adapter_slot)
             job.from_disk = self.prompt_cache.from_disk if self.prompt_cache is not None else 0
         except Exception as exc:
             job.post(exc)
@@ -870,22 +886,23 @@ class Scheduler:
                 "budget": self.kv_budget or 0, "waiting": len(self._held), "bits": self.kv.bits if self.kv else 0}
 
     def _join(self, ids: list[int], budget: int, sampling: Any, stream: Any,
-              extra: list[Any], batch: bool = False, keep: bool = False) -> tuple[int, int]:
+              extra: list[Any], batch: bool = False, keep: bool = False, adapter: str | None = None,
+              slot: int = 0) -> tuple[int, int]:
         """A prompt queued for the batch's prefill, resumed from the prompt cache: its row id and the
-        tokens reused."""
+        tokens reused. `adapter` and `slot`: its LoRA adapter's id and bank slot (None, 0: none)."""
         from mlx_lm.models.cache import make_prompt_cache
 
         sampler, processors = make_sampling(self.model, sampling)
         processors = ordered(processors, extra)
         multiple = ALIGN if self.bucketed else 1
-        cache, reused = self.prompt_cache.take(ids, multiple) if self.prompt_cache is not None else (None, 0)
+        cache, reused = self.prompt_cache.take(ids, multiple, adapter) if self.prompt_cache is not None else (None, 0)
         if keep and self.prompt_cache is not None:
             self.prompt_cache.keep(ids)
         self._generator(stream)
         self._rids += 1
         cache = as_quantized(cache or make_prompt_cache(self.model.model), self.kv)
         self._admission.add(Pending(self._rids, ids, cache, reused,
-                                    (budget, sampler, processors), batch=batch))
+                                    (budget, sampler, processors), batch=batch, slot=slot, salt=adapter))
         return self._rids, reused
 
     def _admit_ready(self) -> None:
@@ -906,14 +923,21 @@ class Scheduler:
                                         logits_processors=list(processors), stop_sequences=[self._eos])
             for row, uid in zip(rows, uids, strict=True):
                 self._uid_of[row.rid], self._rid_of[uid] = uid, row.rid
+                if row.slot:
+                    self._slot_of[uid], self._salt_of[uid] = row.slot, row.salt
 
-    def _keep(self, kept: tuple[list[Any], list[int]] | None) -> None:
-        """Give a finished row's key/value state to the prompt cache."""
+    def _keep(self, kept: tuple[list[Any], list[int]] | None, salt: str | None = None) -> None:
+        """Give a finished row's key/value state to the prompt cache (`salt`: its adapter's id)."""
         if kept is None or self.prompt_cache is None:
             return
         cache, tokens = kept
         if cache and cacheable(cache):
-            self.prompt_cache.put(list(tokens)[: cache[0].offset], cache)
+            self.prompt_cache.put(list(tokens)[: cache[0].offset], cache, salt)
+
+    def _unslot(self, uid: int) -> str | None:
+        """A row leaving the batch: its adapter's id (None: none), its slot forgotten."""
+        self._slot_of.pop(uid, None)
+        return self._salt_of.pop(uid, None)
 
     def _drafted(self, uid: int, keep: bool = False) -> int:
         """Accepted draft tokens of a row so far (forgotten unless `keep`: the row is leaving)."""
@@ -932,7 +956,8 @@ class Scheduler:
             return
         del self._rid_of[uid]
         self._drafted(uid)
-        self._keep(self._gen.remove([uid], return_prompt_caches=True).get(uid))
+        salt = self._unslot(uid)
+        self._keep(self._gen.remove([uid], return_prompt_caches=True).get(uid), salt)
 
     def _drop_cancelled(self, turn: Turn | None = None) -> None:
         for rid in [r for r, job in self._active.items() if job is not None and job.cancelled.is_set()]:
@@ -960,7 +985,7 @@ class Scheduler:
                 del self._rid_of[r.uid], self._uid_of[rid]
                 self._active.pop(rid, None)
                 self._reserved.pop(rid, None)
-                kept.append((r.prompt_cache, r.all_tokens))
+                kept.append((r.prompt_cache, r.all_tokens, self._unslot(r.uid)))
             if job is None:  # another rank's row (following), or one cancelled meanwhile
                 continue
             token = int(r.token)
@@ -978,15 +1003,15 @@ class Scheduler:
 
             # Finished rows' caches go to the prompt cache next step, once the device has copied them
             # out: waiting for the copies here would wait for the step already launched as well.
-            mx.async_eval([c.state for cache, _ in kept if cache for c in cache])
+            mx.async_eval([c.state for cache, _, _ in kept if cache for c in cache])
             self._keeping += kept
             self.clock.add("post", time.perf_counter() - delivered)
 
     def _kept(self) -> None:
         """The finished rows' caches copied out last step, into the prompt cache."""
         keeping, self._keeping = self._keeping, []
-        for entry in keeping:
-            self._keep(entry)
+        for cache, tokens, salt in keeping:
+            self._keep((cache, tokens), salt)
 
     def _fail_all(self, error: EngineError) -> None:
         for job in self._active.values():
@@ -997,6 +1022,8 @@ class Scheduler:
         self._uid_of.clear()
         self._rid_of.clear()
         self._keeping.clear()
+        self._slot_of.clear()
+        self._salt_of.clear()
         for job in [*self._new, *self._held]:
             job.post(error)
         self._new.clear()

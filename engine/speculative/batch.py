@@ -176,7 +176,8 @@ class SpeculativeBatch(LeanBatch):
         rows = len(self.uids)
         drafted = mx.array([d + [0] * (width - 1 - len(d)) for d in drafts], dtype=mx.uint32)
         inputs = mx.concatenate([self._next_tokens.astype(mx.uint32)[:, None], drafted], axis=1)
-        logits = self.model(inputs, cache=self.prompt_cache)
+        with self.adapted():
+            logits = self.model(inputs, cache=self.prompt_cache)
         logits = self._processed(logits, drafts)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
 

@@ -11,12 +11,14 @@ leaving): `LeanBatch` replaces only the step.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
 
 from mlx_lm.generate import BatchGenerator, GenerationBatch
 
+from swama.engine.adapters.bank import selected
 from swama.engine.text.kv_quant import as_quantized, joined
 
 
@@ -28,6 +30,14 @@ class LeanBatch(GenerationBatch):
     clock: Any = None  # the scheduler's TurnClock, when it times the steps' launch and read-back
     _paddings: list[list[int] | None] | None = None  # the rows' left padding per layer, read this step
     kv: Any = None  # quantized key/value caches (engine/text/kv_quant.py): the batch is quantized once due
+    loaded: Any = None  # the LoadedModel: its adapter bank (engine/adapters/), when it has one
+    adapter_of: dict[int, int] | None = None  # rows with an adapter: uid -> bank slot (the scheduler's)
+
+    def adapted(self) -> Any:
+        """Within: this step's forward adds each row's adapter (a no-op when no row has one)."""
+        if not self.adapter_of:
+            return contextlib.nullcontext()
+        return selected(self.loaded, [self.adapter_of.get(uid, 0) for uid in self.uids])
 
     def extract_cache(self, idx: int) -> list[Any]:
         """Row `idx`'s caches taken out of the batch's (a row that finished). The rows' left paddings
@@ -63,7 +73,8 @@ class LeanBatch(GenerationBatch):
 
     def _forward(self, fed: Any) -> Any:
         """The rows' next-token logits [rows, vocab] for `fed` [rows], their caches advanced."""
-        return self.model(fed[:, None], cache=self.prompt_cache)[:, -1, :]
+        with self.adapted():
+            return self.model(fed[:, None], cache=self.prompt_cache)[:, -1, :]
 
     def _step(self) -> tuple[list[int], list[Any]]:
         import mlx.core as mx
@@ -120,6 +131,11 @@ class LeanGenerator(BatchGenerator):
         self._generation_batch.clock = clock
         self._generation_batch.kv = kv
         self.clock = clock
+
+    def adapt(self, loaded: Any, slot_of: dict[int, int]) -> None:
+        """Let the generation batch's forwards add the rows' adapters: `slot_of` maps a row's uid to its
+        slot in `loaded`'s adapter bank (rows without one are absent)."""
+        self._generation_batch.loaded, self._generation_batch.adapter_of = loaded, slot_of
 
     def join_prefilled(self, cache: list[Any], last_tokens: list[int], held: list[list[int]],
                        samplers: list[Any], processors: list[list[Any]], stops: list[Any],

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from swama.engine.adapters.bank import selected
 from swama.engine.errors import BadInput, Cancelled, ContextTooLong
 from swama.engine.kinds.tasks import IMAGES_NEED_VISION
 from swama.engine.kinds.vision import MULTIMODAL_CONTEXT_LIMIT, Prefill, network, vision_of
@@ -82,6 +83,10 @@ class ChatRequest:
     # The prompt's prefix is worth keeping (prompt_cache_key, cache_control): its cache is evicted last.
     keep_prompt: bool = False
     batch: bool = False  # a batch job's line: admitted after live requests (engine/priority.py)
+    # A LoRA adapter on the model (engine/adapters/): its id (the prompt cache keeps its rows apart) and
+    # its slot in the model's adapter bank; set by the engine from the model the request names.
+    adapter: str | None = None
+    adapter_slot: int = 0
 
     @property
     def effective_context_limit(self) -> int:
@@ -280,7 +285,8 @@ class _StopMatcher:
         return out
 
 
-def _resume(model: LoadedModel, net: Any, ids: list[int]) -> tuple[PromptCache | None, list[Any] | None, int]:
+def _resume(model: LoadedModel, net: Any, ids: list[int],
+            salt: str | None = None) -> tuple[PromptCache | None, list[Any] | None, int]:
     """The model's prompt cache, the cache to run this prompt on, and how many of its tokens that
     cache already holds; (None, None, 0) where the model keeps no prompt cache."""
     from mlx_lm.models.cache import make_prompt_cache
@@ -288,7 +294,7 @@ def _resume(model: LoadedModel, net: Any, ids: list[int]) -> tuple[PromptCache |
     store = prompt_cache_of(model)
     if store is None:
         return None, None, 0
-    cache, reused = store.take(ids)
+    cache, reused = store.take(ids, salt=salt)
     if cache is None:
         cache = make_prompt_cache(net)
         if not cacheable(cache):
@@ -488,7 +494,7 @@ def generate(model: LoadedModel, request: ChatRequest, cancel: threading.Event) 
         # One prefill call: the multimodal inputs (positions, masks) cover the whole prompt.
         net.expect(prefill)
         extra = {"input_embeddings": prefill.embeddings[0], "prefill_step_size": len(ids)}
-    store, cache, reused = _resume(model, net, ids) if prefill is None else (None, None, 0)
+    store, cache, reused = _resume(model, net, ids, request.adapter) if prefill is None else (None, None, 0)
     if cache is not None:
         extra["prompt_cache"] = cache
     kv = kv_quant_of(model) if prefill is None else None  # vision models' caches stay full precision
@@ -502,6 +508,9 @@ def generate(model: LoadedModel, request: ChatRequest, cancel: threading.Event) 
     finish = "length"
     steps = generate_step(mx.array(ids[reused:]), net, max_tokens=max_tokens, sampler=sampler,
                           logits_processors=processors, max_kv_size=request.context_limit, **extra)
+    # The adapter's rows for every forward this generation runs (its thread runs nothing else meanwhile).
+    adapted = selected(model, request.adapter_slot)
+    adapted.__enter__()
     try:
         for token, _ in steps:
             if cancel.is_set():
@@ -516,9 +525,10 @@ def generate(model: LoadedModel, request: ChatRequest, cancel: threading.Event) 
             finish = "length" if decoder.generated >= max_tokens else "stop"
     finally:
         steps.close()
+        adapted.__exit__(None, None, None)
     if cancel.is_set():
         raise Cancelled()
     if store is not None:
         # Every token the cache holds: the prompt, then what was generated and fed back.
-        store.put((list(ids) + seen)[: cache[0].offset], cache)
+        store.put((list(ids) + seen)[: cache[0].offset], cache, request.adapter)
     yield from decoder.finish(finish, reused, store.from_disk if store is not None else 0)

@@ -72,6 +72,7 @@ class _Entry:
     cache: list[Any]
     nbytes: int
     kept: bool = False  # it extends a prompt a request asked to keep: evicted after the others
+    salt: str | None = None  # a LoRA adapter's id: its rows' keys and values are its own
 
 
 class PromptCache:
@@ -125,14 +126,17 @@ class PromptCache:
     def nbytes(self) -> int:
         return self._bytes
 
-    def take(self, ids: list[int], multiple: int = 1) -> tuple[list[Any] | None, int]:
+    def take(self, ids: list[int], multiple: int = 1, salt: str | None = None) -> tuple[list[Any] | None, int]:
         """A cache holding the longest prefix of `ids` any entry shares (at most all but the last
         token, which must be run to get logits), cut back to a multiple of `multiple` tokens, and
         that prefix's length; (None, 0) when no entry shares that much. An entry the prompt fully
         extends is handed over; one it parts from midway stays for its own conversation, and the
-        prompt gets a copy of the shared part."""
+        prompt gets a copy of the shared part. `salt` (an adapter's id) matches only entries put with
+        it, and keeps to the memory tier (the disk's blocks are named by the base model alone)."""
         best, best_len = None, 0
         for key, entry in self._entries.items():
+            if entry.salt != salt:
+                continue
             tokens = entry.tokens
             # Only an entry sharing more than the best so far matters, and it matches at best_len: one
             # comparison skips the rest (hundreds of entries that share a system prompt, then part).
@@ -144,7 +148,7 @@ class PromptCache:
         reuse = min(best_len, len(ids) - 1)
         reuse -= reuse % multiple
         self.from_disk = 0
-        if self.disk is not None and len(ids) - 1 - reuse >= BLOCK:  # its blocks may reach further
+        if self.disk is not None and salt is None and len(ids) - 1 - reuse >= BLOCK:  # blocks may reach further
             names = self.disk.present(ids, len(ids) - 1)
             if len(names) * BLOCK > reuse:
                 cache = self.disk.read(ids, names, self.layers)
@@ -166,27 +170,28 @@ class PromptCache:
         self._entries.move_to_end(best)
         return _prefix_copy(entry.cache, reuse), reuse
 
-    def put(self, tokens: list[int], cache: list[Any]) -> None:
-        """Keep `cache` (holding `tokens`) for later requests; the oldest entries go past the budget."""
+    def put(self, tokens: list[int], cache: list[Any], salt: str | None = None) -> None:
+        """Keep `cache` (holding `tokens`, computed with the adapter `salt` names) for later requests;
+        the oldest entries go past the budget."""
         import mlx.core as mx
 
         cache = as_quantized(cache, None, rows=True)  # mlx-lm's quantized caches as rows a batch merges
         nbytes = sum(c.nbytes for c in cache)
-        if not tokens or (nbytes > self.budget and self.disk is None):
+        if not tokens or (nbytes > self.budget and (self.disk is None or salt is not None)):
             return
         # Evaluated now: a lazy slice of a batch's cache would keep the whole batch's arrays alive.
         mx.eval([c.state for c in cache])
         # An entry that is a prefix of the new one holds nothing the new one lacks.
         held = tuple(tokens)
-        for key in [k for k, e in self._entries.items() if _prefix_of(e.tokens, held)]:
+        for key in [k for k, e in self._entries.items() if e.salt == salt and _prefix_of(e.tokens, held)]:
             self._bytes -= self._entries.pop(key).nbytes
         kept = any(_prefix_of(k, held) for k in self._kept)
-        self._entries[self._next] = _Entry(held, cache, nbytes, kept)
+        self._entries[self._next] = _Entry(held, cache, nbytes, kept, salt)
         self._bytes += nbytes
         self._next += 1
         while self._bytes > self.budget:
             self._evict_one()
-        if self.disk is not None:
+        if self.disk is not None and salt is None:
             self.disk.write(held, cache)
 
 

@@ -214,6 +214,23 @@ def test_structured_outputs_and_logprobs_on_ranks(tiny_ranks: LiveServer, model_
     assert httpx.get(tiny_ranks.url + "/health", timeout=10).json()["ranks"]["state"] == "serving"
 
 
+def test_an_adapter_is_refused_on_ranks(tiny_ranks: LiveServer, model_store: Path, tmp_path: Path) -> None:
+    from swama.engine.adapters.install import create_adapter
+    from swama.engine.files.store import ModelStore
+    from tools.testmodels.lora import random_adapter
+
+    store = ModelStore(model_store)
+    folder = random_adapter(store.get(TINY_ID).path, tmp_path / "adapter")
+    create_adapter(store, folder, "test/tiny-adapter", TINY_ID, say=lambda _: None)
+    try:
+        r = httpx.post(tiny_ranks.v1 + "/chat/completions", timeout=120, json={
+            "model": "test/tiny-adapter", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+        assert r.status_code == 400 and "split across ranks" in r.json()["error"]["message"], r.text
+        assert _chat(tiny_ranks, TINY_ID, "Hi", max_tokens=4)["choices"][0]["message"]["content"] is not None
+    finally:
+        store.remove("test/tiny-adapter")
+
+
 def test_smollm2_across_three_ranks_answers_as_one_process(model_store: Path, model_server: LiveServer) -> None:
     # SmolLM2's 9 attention heads and 3 key/value heads split over 3 ranks, not 2. Three ranks on
     # two cores wait on each other at every layer's collective: a few tokens are enough here.
