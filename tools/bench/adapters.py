@@ -7,7 +7,7 @@ batch, against the base model alone and against the adapter merged into the weig
 Every run is the batch's decode step as the scheduler runs it: the rows' caches hold `--context`
 prompt tokens (read in one forward), then `--steps` forwards of one token a row, each row fed its own
 greedy token, evaluated step by step. Decode tok/s = rows x steps / time; median of `--repeats` with
-the spread. The adapters are random (rank `--rank`, on every linear layer of every layer: q, k, v, o,
+the spread, each repeat timing every run once, in turn (so drift in the machine's speed falls on all). The adapters are random (rank `--rank`, on every linear layer of every layer: q, k, v, o,
 gate, up, down), which costs what a trained one costs.
 
 - base, no adapters: the model as loaded, its layers never wrapped;
@@ -41,6 +41,7 @@ from tools.bench.common import (
 )
 
 TITLE = "LoRA adapters per row: decode with 0, 1 and 4 adapters in the batch, against the base and merged weights"
+MERGED = "merged: 1 adapter fused into the weights (mlx-lm's fuse)"
 KEYS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -102,38 +103,52 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-adapters-") as tmp:
         adapters = [random_adapter(folder, Path(tmp) / f"a{i}", rank=args.rank, keys=KEYS, seed=i) for i in range(4)]
 
-        def timed(name: str, net: Any, bank: Any = None, slots: Any = None) -> None:
-            decode_seconds(net, rows, args.context, 4, bank, slots)  # warm-up: kernels, graph shapes
-            runs[name] = [rows * args.steps / decode_seconds(net, rows, args.context, args.steps, bank, slots)
-                          for _ in range(args.repeats)]
-            print(f"{name}: {statistics.median(runs[name]):,.1f} tok/s", flush=True)
-
+        configs: list[tuple[str, Any, Any, Any]] = []
         model = load_language_model("bench", folder)
         dtype = str(next(iter(model.model.parameters()["model"]["embed_tokens"].values())).dtype)
-        timed("base, no adapters", model.model)
+        configs.append(("base, no adapters", load_language_model("plain", folder).model, None, None))
         bank = AdapterBank(model.model, 4)
         slots = [bank.acquire(f"a{i}", path) for i, path in enumerate(adapters)]
-        timed("base rows beside 4 loaded adapters", model.model, bank, None)
-        timed("1 adapter (every row)", model.model, bank, slots[0])
-        timed(f"4 adapters ({rows / 4:g} rows each)", model.model, bank, [slots[i % 4] for i in range(rows)])
-        del model, bank
+        configs.append(("base rows beside 4 loaded adapters", model.model, bank, None))
+        configs.append(("1 adapter (every row)", model.model, bank, slots[0]))
+        configs.append((f"4 adapters ({rows / 4:g} rows each)", model.model, bank, [slots[i % 4] for i in range(rows)]))
         merged = load_language_model("merged", folder).model
         load_adapters(merged, str(adapters[0]))
         merged.update_modules(tree_unflatten([(k, m.fuse()) for k, m in merged.named_modules() if hasattr(m, "fuse")]))
-        timed("merged: 1 adapter fused into the weights (mlx-lm's fuse)", merged)
+        configs.append((MERGED, merged, None, None))
+        for _name, net, held, chosen in configs:  # warm-up: kernels, graph shapes
+            decode_seconds(net, rows, args.context, 4, held, chosen)
+        for _ in range(args.repeats):  # round robin: each repeat measures every run once
+            for name, net, held, chosen in configs:
+                seconds = decode_seconds(net, rows, args.context, args.steps, held, chosen)
+                runs.setdefault(name, []).append(rows * args.steps / seconds)
+        for name, rates in runs.items():
+            print(f"{name}: {statistics.median(rates):,.1f} tok/s", flush=True)
 
     base = statistics.median(runs["base, no adapters"])
-    merged_rate = statistics.median(runs["merged: 1 adapter fused into the weights (mlx-lm's fuse)"])
+    merged_rate = statistics.median(runs[MERGED])
     table = markdown_table(
         ["run", "decode tok/s (median)", "spread", "vs base", "vs merged"],
         [[name, f"{statistics.median(v):,.1f}", f"{min(v):,.1f}-{max(v):,.1f}",
           f"{statistics.median(v) / base:.2f}x", f"{statistics.median(v) / merged_rate:.2f}x"] for name, v in runs.items()])
+    def of(name: str) -> float:
+        return statistics.median(runs[name])
+
+    one, four = of("1 adapter (every row)"), of(f"4 adapters ({rows / 4:g} rows each)")
+    reading = (f"**Reading.** With one adapter on every row the batch decodes at {one / base:.2f}x the base model's "
+               f"speed and {one / merged_rate:.2f}x the speed of that adapter merged into the weights (what serving "
+               f"one fine-tune as its own model costs); with four adapters in the batch at {four / base:.2f}x and "
+               f"{four / merged_rate:.2f}x, in one forward, where merged weights would need four models and four "
+               f"batches. Rows without an adapter beside loaded ones run at "
+               f"{of('base rows beside 4 loaded adapters') / base:.2f}x the base.")
     facts = {**machine_facts(), "device": str(mx.default_device()), "weights": dtype}
     body = "\n\n".join([
         f"Model folder `{folder.name}` ({dtype}); {rows} rows, {args.context}-token prompts, {args.steps} decode "
-        f"steps, adapters of rank {args.rank} on all seven linear layers of every layer; median of {args.repeats}. "
+        f"steps, adapters of rank {args.rank} on all seven linear layers of every layer; median of {args.repeats}, "
+        "every run once in each repeat, in turn. "
         f"Measured {today()} with:\n\n```\n{command}\n```",
         table,
+        reading,
         "Machine:\n\n" + "\n".join(f"- {k}: {v}" for k, v in facts.items()),
     ])
     publish(TITLE + (f" ({args.shape})" if args.shape else ""), body, args.write)
