@@ -145,3 +145,34 @@ def test_swama_rm_removes_an_adapter_and_leaves_its_base(store: Path, tmp_path: 
     assert "test/gone" not in listed and SMOLLM2_ID in listed
     refused = swama(store, "create", str(tmp_path), "--base", "smollm2", "--name", "test/empty")
     assert refused.returncode != 0 and "not a LoRA adapter folder" in refused.stderr
+
+
+def test_the_compiled_step_gives_way_to_adapters(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> None:
+    """A base with adapters installed when it loads decodes with mlx-lm's forward, whose layers add them; one
+    whose batch already runs the compiled step (no adapters in it) refuses an adapter installed since."""
+    from swama.engine.adapters.install import create_adapter
+    from swama.engine.files.store import ModelStore
+    from tools.testmodels.lora import random_adapter
+
+    root = make_store(tmp_path_factory, "adapter-compiled-store", {"test/tiny-a": tiny_model_dir,
+                                                                   "test/tiny-b": tiny_model_dir})
+    store, folders = ModelStore(root), root.parent / "adapter-compiled-folders"
+    create_adapter(store, random_adapter(tiny_model_dir, folders / "a"), "test/tiny-a-lora", "test/tiny-a",
+                   say=lambda _: None)
+    server = start_server(root, root.parent / "adapter-compiled.log", "test/tiny-a", "--compiled-step", "on",
+                          "--speculative", "off")
+
+    def ask(model: str) -> httpx.Response:
+        return httpx.post(server.v1 + "/chat/completions", timeout=120, json={
+            "model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0})
+
+    try:
+        assert ask("test/tiny-a-lora").status_code == 200
+        assert ask("test/tiny-b").status_code == 200  # its batch takes the compiled step
+        create_adapter(store, random_adapter(tiny_model_dir, folders / "b"), "test/tiny-b-lora", "test/tiny-b",
+                       say=lambda _: None)
+        refused = ask("test/tiny-b-lora")
+        assert refused.status_code == 400 and "compiled decode step" in refused.json()["error"]["message"]
+        assert "--compiled-step off" in refused.json()["error"]["message"]
+    finally:
+        server.stop()
