@@ -64,6 +64,10 @@ def create_adapter(store: ModelStore, path: Path, name: str, base_name: str,
                    say: Callable[[str], None] = print) -> InstalledModel:
     """Install the adapter folder `path` (mlx-lm's or PEFT's) under `name`, against the installed `base_name`."""
     path = path.expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        raise StoreError(f"{path.name}: GGUF LoRA files are not read yet; give the adapter as mlx-lm's folder "
+                         "(adapter_config.json, adapters.safetensors) or PEFT's (adapter_config.json, "
+                         "adapter_model.safetensors).")
     if not path.is_dir():
         raise StoreError(f"{path} is not a folder; an adapter is a folder with adapter_config.json and its weights.")
     base = store.find(base_name)

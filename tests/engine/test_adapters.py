@@ -233,6 +233,9 @@ def test_bad_adapters_are_refused_with_nothing_installed(store: ModelStore, tmp_
     shutil.copytree(pelican, damaged)
     (damaged / "adapters.safetensors").write_bytes(b"not safetensors")
     refused(damaged, "test/other", "smollm2", "cannot be read")
+    gguf = tmp_path / "adapter.gguf"
+    gguf.write_bytes(b"GGUF")
+    refused(gguf, "test/other", "smollm2", "GGUF LoRA files are not read yet")
 
 
 def test_an_installed_adapter_reads_back_as_it_was_given(store: ModelStore, lora_adapter_dirs: dict[str, Path]) -> None:
