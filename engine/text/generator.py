@@ -509,23 +509,21 @@ def generate(model: LoadedModel, request: ChatRequest, cancel: threading.Event) 
     steps = generate_step(mx.array(ids[reused:]), net, max_tokens=max_tokens, sampler=sampler,
                           logits_processors=processors, max_kv_size=request.context_limit, **extra)
     # The adapter's rows for every forward this generation runs (its thread runs nothing else meanwhile).
-    adapted = selected(model, request.adapter_slot)
-    adapted.__enter__()
-    try:
-        for token, _ in steps:
-            if cancel.is_set():
-                raise Cancelled()
-            token = int(token)
-            seen.append(token)
-            yield from decoder.token(token, decoder.reading(token))
-            if decoder.finish_reason is not None:
-                finish = decoder.finish_reason
-                break
-        else:
-            finish = "length" if decoder.generated >= max_tokens else "stop"
-    finally:
-        steps.close()
-        adapted.__exit__(None, None, None)
+    with selected(model, request.adapter_slot):
+        try:
+            for token, _ in steps:
+                if cancel.is_set():
+                    raise Cancelled()
+                token = int(token)
+                seen.append(token)
+                yield from decoder.token(token, decoder.reading(token))
+                if decoder.finish_reason is not None:
+                    finish = decoder.finish_reason
+                    break
+            else:
+                finish = "length" if decoder.generated >= max_tokens else "stop"
+        finally:
+            steps.close()
     if cancel.is_set():
         raise Cancelled()
     if store is not None:
