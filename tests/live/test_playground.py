@@ -399,7 +399,8 @@ def test_chat_controls_compose_the_request(page) -> None:
     page.select_option("#c-format", "none")  # another format: the schema box and its error go away
     assert page.is_hidden("#c-schema-box") and page.is_hidden("#c-schema-error")
     page.press("#c-input", "Enter")
-    page.wait_for_function("() => document.querySelectorAll('.msg').length == 10")
+    # The bubbles appear before the request is answered; wait for the reply to end, as _chat does.
+    page.wait_for_function("() => !document.querySelector('#c-send').disabled && document.querySelectorAll('.msg').length == 10")
     assert len(sent) == count + 1
 
     # The controls are remembered by the browser.
