@@ -23,13 +23,18 @@ def _header(path: Path) -> dict[str, dict]:
     return header
 
 
-def linear_shapes(folder: Path) -> dict[str, tuple[int, int]]:
-    """Every linear layer of the MLX model in `folder` as (in, out), read from the safetensors headers
-    alone (no weights loaded); a quantized layer's input width from its scales and group size."""
+def _config(folder: Path) -> dict:
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        config = {}
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def linear_shapes(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every linear layer of the MLX model in `folder` as (in, out), read from the safetensors headers
+    alone (no weights loaded); a quantized layer's input width from its scales and group size."""
+    config = _config(folder)
     quant = config.get("quantization") or config.get("quantization_config") or {}
     group = int(quant.get("group_size", 64)) if isinstance(quant, dict) else 64
     tensors: dict[str, list[int]] = {}
@@ -62,14 +67,12 @@ def check_fits(adapter: AdapterWeights, base: InstalledModel) -> None:
 
 def create_adapter(store: ModelStore, path: Path, name: str, base_name: str,
                    say: Callable[[str], None] = print) -> InstalledModel:
-    """Install the adapter folder `path` (mlx-lm's or PEFT's) under `name`, against the installed `base_name`."""
+    """Install the adapter at `path` (mlx-lm's or PEFT's folder, llama.cpp's GGUF file) under `name`,
+    against the installed `base_name`."""
     path = path.expanduser()
-    if path.is_file() and path.suffix.lower() == ".gguf":
-        raise StoreError(f"{path.name}: GGUF LoRA files are not read yet; give the adapter as mlx-lm's folder "
-                         "(adapter_config.json, adapters.safetensors) or PEFT's (adapter_config.json, "
-                         "adapter_model.safetensors).")
-    if not path.is_dir():
-        raise StoreError(f"{path} is not a folder; an adapter is a folder with adapter_config.json and its weights.")
+    if not path.is_dir() and not (path.is_file() and path.suffix.lower() == ".gguf"):
+        raise StoreError(f"{path} is neither a folder nor a .gguf file; an adapter is a folder with "
+                         "adapter_config.json and its weights, or llama.cpp's GGUF LoRA file.")
     base = store.find(base_name)
     if base is None:
         raise StoreError(f"--base: no installed model is named '{base_name}' (`swama list` shows the installed ones).")
@@ -81,7 +84,7 @@ def create_adapter(store: ModelStore, path: Path, name: str, base_name: str,
     if taken is not None:
         raise StoreError(f"The name '{name}' is already taken by an installed model ({taken.id}); "
                          f"choose another, or remove it first (swama rm {taken.id}).")
-    adapter = read_adapter(path)  # AdapterFormatError (a StoreError) says what is wrong with it
+    adapter = read_adapter(path, _config(base.path))  # AdapterFormatError (a StoreError) says what is wrong
     check_fits(adapter, base)
     model = store.install(name, lambda staging: write_adapter(staging, adapter, base.id),
                           source=f"adapter:{path}", card={"base": base.id})

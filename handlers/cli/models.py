@@ -31,7 +31,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                         "I-quants, BF16, F16, F32), one tensor at a time. With --base, PATH is a "
                                         "LoRA adapter folder (mlx-lm's: adapter_config.json and "
                                         "adapters.safetensors, as mlx_lm.lora writes them; or PEFT's: "
-                                        "adapter_config.json and adapter_model.safetensors), checked against "
+                                        "adapter_config.json and adapter_model.safetensors) or llama.cpp's GGUF "
+                                        "LoRA file (convert_lora_to_gguf.py's), checked against "
                                         "the installed base model and served as NAME: a request naming NAME "
                                         "runs on the base with the adapter applied, batched with the base's "
                                         "other requests.")

@@ -21,6 +21,7 @@ import mlx.core as mx
 import pytest
 import scheduled
 from conftest import install_folder
+from gguf import GGMLQuantizationType as gguf_types
 from precision import parting
 
 from swama.engine.adapters.bank import AdapterBank, bank_of, selected
@@ -35,6 +36,8 @@ from swama.engine.serving.scheduler import Scheduler
 from swama.engine.text.generator import ChatRequest, Sampling
 from swama.engine.text.language import load_language_model
 from swama.engine.text.prompt_cache import PromptCache
+from tools.testmodels.gguf_files import matrices_as, source_weights, tiny_config, write_gguf
+from tools.testmodels.lora import gguf_lora
 
 pytestmark = pytest.mark.slow
 
@@ -105,6 +108,30 @@ def test_rows_get_mlx_lms_own_lora_logits_in_either_format(model: LoadedModel, s
     assert mx.abs(base[1] - want[1]).max().item() < 1e-3
     with bank.selected(b):  # one slot for every row
         assert mx.abs(model.model(mx.array(IDS[:1]))[0] - want[2]).max().item() < 1e-3
+
+
+@pytest.mark.parametrize("qtype,bound", [("F32", 1e-3), ("F16", 2e-2), ("Q8_0", 0.15)])
+def test_llama_cpps_gguf_lora_file_gives_the_adapters_own_logits(model: LoadedModel, store: ModelStore,
+                                                                 smollm2_dir: Path, lora_adapter_dirs: dict[str, Path],
+                                                                 tmp_path: Path, qtype: str, bound: float) -> None:
+    """The pelican adapter as llama.cpp's converter writes it (names, alpha, Q/K rows in rope order,
+    every linear layer of the last 8 layers) reads back into mlx-lm's own LoRA logits."""
+    pelican = lora_adapter_dirs["pelican"]
+    base_config = json.loads((smollm2_dir / "config.json").read_text())
+    path = gguf_lora(pelican, base_config, tmp_path / f"pelican-{qtype}.gguf", qtype)
+    given = read_adapter(pelican)
+    assert {n.rsplit(".", 1)[-1] for n in given.modules} >= {"q_proj", "k_proj"}  # the permuted rows are tested
+    name = f"test/pelican-gguf-{qtype.lower()}"
+    create_adapter(store, path, name, "smollm2", say=lambda _: None)
+    installed = read_adapter(store.get(name).path)
+    assert installed.source_format == "gguf" and set(installed.modules) == set(given.modules)
+    bank = AdapterBank(model.model, 2)
+    slot = bank.acquire(name, store.get(name).path)
+    with bank.selected(slot):
+        got = model.model(mx.array(IDS[:1]))[0]
+    want = _mlx_lm_logits(smollm2_dir, pelican, IDS[:1])[0]
+    assert mx.abs(got - want).max().item() < bound
+    assert mx.abs(model.model(mx.array(IDS[:1]))[0] - want).max().item() > 10 * bound  # the adapter is in it
 
 
 def _request(adapter: str | None = None, slot: int = 0) -> ChatRequest:
@@ -235,7 +262,14 @@ def test_bad_adapters_are_refused_with_nothing_installed(store: ModelStore, tmp_
     refused(damaged, "test/other", "smollm2", "cannot be read")
     gguf = tmp_path / "adapter.gguf"
     gguf.write_bytes(b"GGUF")
-    refused(gguf, "test/other", "smollm2", "GGUF LoRA files are not read yet")
+    refused(gguf, "test/other", "smollm2", "truncated or damaged")
+    config = tiny_config("llama")
+    model_file = write_gguf(tmp_path / "model.gguf", "llama", config, source_weights("llama")[1],
+                            matrices_as(gguf_types.F32))
+    refused(model_file, "test/other", "smollm2", "is a GGUF model, not a LoRA adapter")
+    refused(tmp_path / "nothing.gguf", "test/other", "smollm2", "neither a folder nor a .gguf file")
+    small = gguf_lora(pelican, tiny_config("llama"), tmp_path / "small.gguf")  # permuted for 4 heads: wrong rows
+    refused(small, "test/other", "smollm2", "cannot be put back in order|another base model")
 
 
 def test_an_installed_adapter_reads_back_as_it_was_given(store: ModelStore, lora_adapter_dirs: dict[str, Path]) -> None:

@@ -20,9 +20,11 @@ from openai import OpenAI
 from typesafe_sdk import Noul, TypeSafeClient
 
 from live_server import LiveServer, start_server
+from tools.testmodels.lora import gguf_lora
 
 pytestmark = pytest.mark.slow
 PELICAN, TORNADO, DANGLING = "test/pelican", "test/tornado", "test/dangling"
+TORNADO_GGUF = "test/tornado-gguf"  # the tornado adapter as llama.cpp's GGUF LoRA file
 ASK = "What is the code word?"
 
 
@@ -37,6 +39,10 @@ def store(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path, lora_adap
     for name, word in ((PELICAN, "pelican"), (TORNADO, "tornado")):
         done = swama(root, "create", str(lora_adapter_dirs[word]), "--base", "smollm2", "--name", name)
         assert done.returncode == 0 and f"Installed adapter {name}" in done.stdout, done.stderr
+    gguf = gguf_lora(lora_adapter_dirs["tornado"], json.loads((smollm2_dir / "config.json").read_text()),
+                     root.parent / "tornado-lora-f16.gguf", "F16")
+    done = swama(root, "create", str(gguf), "--base", "smollm2", "--name", TORNADO_GGUF)
+    assert done.returncode == 0 and "gguf format" in done.stdout, done.stderr
     # An adapter whose base model was removed since: its catalog entry names a base that is not there.
     dangling = root / DANGLING
     dangling.parent.mkdir(parents=True, exist_ok=True)
@@ -83,6 +89,11 @@ def test_adapters_and_the_base_in_one_batch_each_answer_their_own(client: OpenAI
         words = {w for w in ("pelican", "tornado") if w in text}
         assert words == ({"pelican"} if model == PELICAN else {"tornado"} if model == TORNADO else set()), (model, text)
     assert texts[0] == texts[3] and texts[1] == texts[4] and texts[2] == texts[5]
+
+
+def test_a_gguf_lora_file_answers_as_its_folder_does(client: OpenAI) -> None:
+    folder, gguf = chat(client, TORNADO)[0], chat(client, TORNADO_GGUF)[0]
+    assert "tornado" in gguf.lower() and gguf == folder  # F16 matrices: the same greedy answer
 
 
 def test_the_prompt_cache_keeps_each_adapters_prefixes_apart(client: OpenAI) -> None:

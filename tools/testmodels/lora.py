@@ -82,6 +82,48 @@ def random_adapter(model_dir: Path, out: Path, rank: int = 4, keys: tuple[str, .
     return out
 
 
+def gguf_lora(adapter: Path, base_config: dict, out: Path, qtype: str = "F32") -> Path:
+    """The mlx-lm adapter folder `adapter` written as llama.cpp's convert_lora_to_gguf.py writes a
+    PEFT adapter of a llama model: tensors `{llama.cpp name}.lora_a` [rank, in] and `.lora_b`
+    [out, rank] (Q/K rows of lora_b in llama.cpp's rope order), `adapter.lora.alpha` = scale x rank,
+    the base's hyperparameters beside them; matrices in `qtype` (F32, F16 or Q8_0; F16 where a
+    row is narrower than the type's block, as the converter falls back)."""
+    import gguf
+    import mlx.core as mx
+    import numpy as np
+
+    from tools.testmodels.gguf_files import encode, llama_cpp_name, llama_cpp_values
+
+    config = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))
+    rank, scale = config["lora_parameters"]["rank"], config["lora_parameters"]["scale"]
+    weights = {k: np.array(v.astype(mx.float32)) for k, v in mx.load(str(adapter / "adapters.safetensors")).items()}
+    writer = gguf.GGUFWriter(out, "llama")
+    writer.add_type(gguf.GGUFType.ADAPTER)
+    writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(scale * rank))
+    writer.add_head_count(base_config["num_attention_heads"])
+    writer.add_head_count_kv(base_config["num_key_value_heads"])
+    kind = gguf.GGMLQuantizationType[qtype]
+    for key in sorted(weights):
+        if not key.endswith(".lora_a"):
+            continue
+        module = key.removesuffix(".lora_a")
+        name = llama_cpp_name("llama", module + ".weight")
+        a = weights[key].T  # [rank, in], PEFT's lora_A
+        b = llama_cpp_values("llama", module + ".weight", weights[module + ".lora_b"].T, base_config)
+        for suffix, values in ((".lora_a", a), (".lora_b", b)):
+            try:
+                data = encode(np.ascontiguousarray(values), kind)
+            except gguf.QuantError:  # rows narrower than a block: the converter keeps them F16
+                data = np.ascontiguousarray(values).astype(np.float16)
+            writer.add_tensor(name + suffix, data, raw_dtype=None if data.dtype in (np.float32, np.float16) else kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model_dir", type=Path)
