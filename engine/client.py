@@ -49,6 +49,7 @@ from swama.engine.decisions.adjust.store import (
 )
 from swama.engine.decisions.checkpoints import CheckpointResult
 from swama.engine.decisions.decide import DecisionJob, DecisionResult
+from swama.engine.decisions.rerank import RerankJob, RerankResult
 from swama.engine.decisions.scorer import (
     PROMPT_FORMAT_VERSION,
     QuestionKind,
@@ -157,7 +158,7 @@ __all__ = [
     "Debias", "Defaults", "DecisionError", "DecisionJob", "DecisionResult", "Embeddings", "EngineClient", "EngineError",
     "EngineSettings", "EngineStatus", "Event", "Finished", "InstalledModel", "LoadFailed", "Logprobs",
     "ModelFileError",
-    "ModelFiles", "NotFound", "Prior", "QuestionKind", "QuestionView", "ReasoningDelta", "RuntimeSettings", "Sampling", "ScoredAnswer",
+    "ModelFiles", "NotFound", "Prior", "QuestionKind", "QuestionView", "ReasoningDelta", "RerankJob", "RerankResult", "RuntimeSettings", "Sampling", "ScoredAnswer",
     "SettingsError", "SpeechSegment", "StoreSettings", "Task", "TextDelta", "TokenLogprob", "TokenizeJob", "Tokenized", "ToolCall",
     "ToolCallEvent", "ToolSpec", "TopLogprob",
     "Transcript", "TranscriptSegment", "Unavailable", "Voices", "WrongModel",
@@ -213,6 +214,9 @@ class EngineClient(Protocol):
 
     def decide(self, model_id: str, job: DecisionJob) -> AsyncIterator[DecisionResult]:
         """One `DecisionResult` for the job's questions."""
+
+    def rerank(self, model_id: str, job: RerankJob) -> AsyncIterator[RerankResult]:
+        """One `RerankResult`: each document's relevance to the query, through the decision scorer."""
 
     async def predict_checkpoint(self, model_id: str, state: Any, questions: dict[str, dict[str, Any]],
                                  images: list[Any]) -> CheckpointResult:

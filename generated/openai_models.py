@@ -3115,6 +3115,7 @@ class Model(BaseModel):
     kind: ModelKind | None = None
     parent: StrictStr | None = None
     root: StrictStr | None = None
+    rerank: StrictBool | None = None
 
 
 class ModelIdsResponsesModelIdsResponses(StrEnum):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from swama.generated import anthropic_models, decisions_models, openai_models, systemone_models, tokenize_models, workers_ai_models
+from swama.generated import anthropic_models, cohere_models, decisions_models, openai_models, score_models, systemone_models, tokenize_models, workers_ai_models
 from swama.handlers.http.pipeline import Operation, dispatch
 
 router = APIRouter()
@@ -298,6 +298,39 @@ OPERATIONS: dict[str, Operation] = {
         response_model=anthropic_models.AnthropicMessageTokensCount,
         error_model=anthropic_models.AnthropicErrorResponse,
     ),
+    'rerank': Operation(
+        operation_id='rerank',
+        method='POST',
+        path='/v1/rerank',
+        family='cohere',
+        handler='routes.rerank:rerank_v1',
+        media_type='application/json',
+        request_model=cohere_models.CohereRerankRequest,
+        response_model=cohere_models.CohereRerankResponse,
+        error_model=cohere_models.CohereError,
+    ),
+    'rerankV2': Operation(
+        operation_id='rerankV2',
+        method='POST',
+        path='/v2/rerank',
+        family='cohere',
+        handler='routes.rerank:rerank_v2',
+        media_type='application/json',
+        request_model=cohere_models.CohereV2RerankRequest,
+        response_model=cohere_models.CohereV2RerankResponse,
+        error_model=cohere_models.CohereError,
+    ),
+    'createScore': Operation(
+        operation_id='createScore',
+        method='POST',
+        path='/v1/score',
+        family='score',
+        handler='routes.score:create_score',
+        media_type='application/json',
+        request_model=score_models.ScoreRequest,
+        response_model=score_models.ScoreResponse,
+        error_model=score_models.ErrorResponse,
+    ),
 }
 
 
@@ -429,3 +462,18 @@ async def create_message(request: Request) -> Response:
 @router.post('/v1/messages/count_tokens', operation_id='countMessageTokens')
 async def count_message_tokens(request: Request) -> Response:
     return await dispatch(OPERATIONS['countMessageTokens'], request)
+
+
+@router.post('/v1/rerank', operation_id='rerank')
+async def rerank(request: Request) -> Response:
+    return await dispatch(OPERATIONS['rerank'], request)
+
+
+@router.post('/v2/rerank', operation_id='rerankV2')
+async def rerank_v2(request: Request) -> Response:
+    return await dispatch(OPERATIONS['rerankV2'], request)
+
+
+@router.post('/v1/score', operation_id='createScore')
+async def create_score(request: Request) -> Response:
+    return await dispatch(OPERATIONS['createScore'], request)

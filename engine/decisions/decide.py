@@ -90,6 +90,9 @@ class DecisionJob:
     adjustments: Sequence[Adjustment] = ()
     batch: bool = False  # a batch job's line: packed and scored after live requests (engine/priority.py)
     adapter_slot: int = 0  # a LoRA adapter's slot in the model's bank (engine/adapters/); 0: none
+    # Finished prompts, one per question, scored as they are instead of the decision prompt in the
+    # model's chat template (a model card's own format: engine/decisions/rerank.py); text only.
+    prompts: Sequence[str] = ()
 
 
 @dataclass(frozen=True)
@@ -175,14 +178,17 @@ def context_limit(job: DecisionJob) -> int:
 
 
 def prepare(model: LoadedModel, job: DecisionJob) -> list[PreparedQuestion]:
-    if not model.has_chat_template:
+    if not job.prompts and not model.has_chat_template:
         raise DecisionError(400, CHAT_TEMPLATE_REQUIRED)
     state = decision_state(model)
     tok = state.label_tokenizer
     limit = context_limit(job)
     rendered = []
-    for view in job.questions:
+    for i, view in enumerate(job.questions):
         labels = labels_for(view, lambda: state.pair_labels)
+        if job.prompts:
+            rendered.append((view, labels, None, job.prompts[i]))
+            continue
         content = build_content(job.text, view, labels)
         rendered.append((view, labels, content, _render(model, content)))
     prompts = [prompt for *_, prompt in rendered]
@@ -194,7 +200,8 @@ def prepare(model: LoadedModel, job: DecisionJob) -> list[PreparedQuestion]:
         check_context(len(ids), limit, systemone=job.systemone)
         if not ok:
             raise DecisionError(400, ROUND_TRIP_FAILED)
-        check_reasoning_closed(prompt, content)
+        if content is not None:  # a card's own prompt is taken as its card writes it
+            check_reasoning_closed(prompt, content)
     vision = vision_of(model)
     if job.images and vision is None:
         raise DecisionError(400, IMAGES_NEED_VISION)

@@ -19,6 +19,7 @@ IMAGES_NEED_VISION = "Images are not supported by this model; it has no vision p
 class Task(Enum):
     GENERATE = "generate"  # chat completions, responses, swama run
     DECIDE = "decide"  # decisions and System One, scored by a language or vision model
+    RERANK = "rerank"  # /v1/rerank and /v2/rerank, through the decision scorer
     READ_IMAGES = "read images"  # a request that carries images
     EMBED = "embed"
     SPEAK = "speak"
@@ -53,6 +54,11 @@ def require(model: HasKind, task: Task, name: str | None = None) -> None:
     elif task is Task.DECIDE:
         if model.kind not in (LANGUAGE, VISION):
             raise _not_generative(model)
+    elif task is Task.RERANK:
+        if model.kind not in (LANGUAGE, VISION):
+            raise WrongModel(f"Model '{model.id}' cannot rerank: it is {_article(model.kind)} {model.kind} model, and "
+                             "documents are ranked by a language or vision model through the decision scorer.",
+                             param="model")
     elif task is Task.READ_IMAGES:
         if model.kind != VISION:
             raise WrongModel(IMAGES_NEED_VISION, code="invalid_image")

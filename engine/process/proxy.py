@@ -387,6 +387,10 @@ class EngineProcess(InstalledModels):
         async for result in self._stream("decide", model_id, job):
             yield result
 
+    async def rerank(self, model_id: str, job: Any) -> AsyncIterator[Any]:
+        async for result in self._stream("rerank", model_id, job):
+            yield result
+
     async def predict_checkpoint(self, model_id: str, state: Any, questions: dict[str, dict[str, Any]],
                                  images: list[Any]) -> Any:
         return await self._call("predict_checkpoint", model_id, state, questions, images)

@@ -24,6 +24,7 @@ from swama.engine.decisions.adjust.store import CalibrationCache, CalibrationFil
 from swama.engine.decisions.checkpoints import CheckpointResult, checkpoint_of, predict
 from swama.engine.decisions.decide import DecisionJob, DecisionResult, DecisionRun
 from swama.engine.decisions.packed_prefill import packable
+from swama.engine.decisions.rerank import RerankJob, RerankResult, card_format, decision_job, truncated
 from swama.engine.errors import BadInput, Cancelled, ContextTooLong
 from swama.engine.files.kinds import LANGUAGE
 from swama.engine.files.store import ModelStore
@@ -367,6 +368,18 @@ class Engine(InstalledModels):
             input_tokens += content_free.input_tokens
         answers, applied = combine(plan, result.answers, state)
         yield DecisionResult(answers, input_tokens, result.shared_prefix_tokens, applied)
+
+    async def rerank(self, model_id: str, job: RerankJob) -> AsyncIterator[RerankResult]:
+        """Each document's relevance to the query (behind /v1/rerank and /v2/rerank): one decision job
+        of yes/no questions over the query as the shared prefix (engine/decisions/rerank.py)."""
+        documents = job.documents
+        if job.max_tokens_per_doc is not None:
+            async with self._held(model_id) as model:
+                documents = await in_thread(lambda: truncated(model.tokenizer, job.documents, job.max_tokens_per_doc))
+        base = self.base_of(self.model(model_id))
+        card = card_format(base.id, base.source)
+        async for result in self.decide(model_id, decision_job(replace(job, documents=documents), card)):
+            yield RerankResult([answer.p_yes for answer in result.answers], result.input_tokens)
 
     async def _scored(self, model_id: str, job: DecisionJob) -> DecisionResult:
         async for result in self._score(model_id, job):

@@ -9,6 +9,7 @@ handlers' own (`ApiError`) or any of the engine's (`engine_error`), becomes a re
   (Cloudflare's v4 envelope; `code` is Cloudflare's number for the kind of refusal)
 - Anthropic (/v1/messages and below): {"type": "error", "error": {"type", "message"}}
   (Anthropic's envelope; `type` is Anthropic's name for the status, unless the refusal names its kind)
+- Cohere (/v1/rerank, /v2/rerank): {"message"} (Cohere's; the status says the kind)
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ def anthropic_error_type(err: ApiError) -> str:
 
 
 def error_body(family: str, err: ApiError) -> dict[str, Any]:
+    if family == "cohere":
+        return {"message": err.message}
     if family == "anthropic":
         return {"type": "error", "error": {"type": anthropic_error_type(err), "message": err.message}}
     if family == "workers_ai":

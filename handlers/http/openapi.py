@@ -16,7 +16,8 @@ import yaml
 from swama.generated.routes import OPERATIONS
 from swama.handlers.http.version import package_version
 
-SPEC_FILES = ("openai.yaml", "decisions.yaml", "systemone.yaml", "workers_ai.yaml", "tokenize.yaml", "anthropic.yaml")
+SPEC_FILES = ("openai.yaml", "decisions.yaml", "systemone.yaml", "workers_ai.yaml", "tokenize.yaml", "anthropic.yaml",
+              "cohere.yaml", "score.yaml")
 # Anthropic's Messages API: /v1/messages and whatever lies under it (count_tokens, and the batches and
 # other routes not served here) answer in Anthropic's envelope.
 ANTHROPIC_PATH = "/v1/messages"
@@ -52,7 +53,7 @@ def family_for(path: str) -> str:
         return "anthropic"
     for op in OPERATIONS.values():
         if op.path == path:
-            return op.family if op.family in ("decisions", "systemone", "anthropic") else "openai"
+            return op.family if op.family in ("decisions", "systemone", "anthropic", "cohere") else "openai"
     return "openai"
 
 

@@ -42,7 +42,7 @@ class Operation:
     operation_id: str
     method: str
     path: str
-    family: str  # "openai" | "decisions" | "systemone" | "workers_ai" | "anthropic": picks the error envelope
+    family: str  # "openai" | "decisions" | "systemone" | "workers_ai" | "anthropic" | "cohere": the error envelope
     handler: str
     media_type: str | None
     request_model: type[pydantic.BaseModel] | None
@@ -51,7 +51,7 @@ class Operation:
 
     @property
     def error_family(self) -> str:
-        return self.family if self.family in ("decisions", "systemone", "workers_ai", "anthropic") else "openai"
+        return self.family if self.family in ("decisions", "systemone", "workers_ai", "anthropic", "cohere") else "openai"
 
 
 def _malformed_json(error: StrictJSONError | None) -> ApiError:

@@ -6,7 +6,7 @@ what a question that names no debiasing or calibration gets on it (`x_decision_d
 model's says how its key/value cache is kept (`x_kv_cache`: the bits, group size and threshold of
 --kv-bits, nulls at full precision, as for a model whose heads cannot be grouped so). Requests
 cannot change either. A LoRA adapter's entry names its base model (`parent`, and `root`: the model whose
-weights it runs on).
+weights it runs on). `rerank` says whether /v1/rerank and /v2/rerank take the model.
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ async def list_models(call: Call, request: None) -> dict[str, Any]:
         "object": "list",
         "data": [
             {"id": m.id, "object": "model", "created": m.created, "owned_by": "swama",
-             "size_in_bytes": m.size_in_bytes, "kind": m.kind, "parent": m.base, "root": m.base or m.id}
+             "size_in_bytes": m.size_in_bytes, "kind": m.kind, "parent": m.base, "root": m.base or m.id,
+             "rerank": m.kind in (LANGUAGE, VISION)}
             for m in installed
         ],
         "models": catalog,

@@ -26,7 +26,7 @@ SERVED = {
     "POST /v1/messages", "POST /v1/messages/count_tokens",
     "POST /v1/files", "GET /v1/files", "GET /v1/files/{file_id}", "DELETE /v1/files/{file_id}",
     "GET /v1/files/{file_id}/content", "POST /v1/batches", "GET /v1/batches", "GET /v1/batches/{batch_id}",
-    "POST /v1/batches/{batch_id}/cancel",
+    "POST /v1/batches/{batch_id}/cancel", "POST /v1/rerank", "POST /v2/rerank", "POST /v1/score",
 }
 
 
@@ -135,7 +135,7 @@ def test_anthropic_document_is_the_pinned_sdk_s(tmp_path: Path, capsys: pytest.C
     from tools.spec import anthropic_sdk
 
     pins = {p["document"]: p for p in json.loads((SPECS / "pins.json").read_text())}
-    assert pins["anthropic.yaml"]["upstream_commit"] == anthropic_sdk.PINNED_VERSION == "2.10.0"
+    assert pins["anthropic.yaml"]["upstream_commit"] == anthropic_sdk.SDK.version == "2.10.0"
     assert pins["anthropic.yaml"]["upstream_sha256"] == anthropic_sdk.types_sha256()
     trial = tmp_path / "specs"
     shutil.copytree(SPECS, trial, ignore=shutil.ignore_patterns("__pycache__"))
@@ -160,6 +160,34 @@ def test_anthropic_extraction_refuses_another_sdk_version(tmp_path: Path, monkey
         specs.main(["--specs-dir", str(trial), "extract", "--anthropic"])
     for name in ("pins.json", "anthropic.yaml", "tokenize.yaml"):  # refused before anything is written
         assert (trial / name).read_text() == (SPECS / name).read_text()
+
+
+def test_cohere_document_is_the_pinned_sdk_s(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Built from the installed cohere SDK's rerank methods and answers: rebuilding it gives the pinned
+    text and pin; another SDK version is refused before anything is written."""
+    import cohere
+
+    from tools.spec import cohere_sdk
+
+    pins = {p["document"]: p for p in json.loads((SPECS / "pins.json").read_text())}
+    assert pins["cohere.yaml"]["upstream_commit"] == cohere_sdk.SDK.version == "7.3.1"
+    assert pins["cohere.yaml"]["upstream_sha256"] == cohere_sdk.types_sha256()
+    trial = tmp_path / "specs"
+    shutil.copytree(SPECS, trial, ignore=shutil.ignore_patterns("__pycache__"))
+    rebuilt = {p["document"]: p for p in spec_extract.extract_all(trial, cohere=True)}
+    assert "overlays/cohere.yaml" not in capsys.readouterr().out  # every overlay action found its target
+    assert (trial / "cohere.yaml").read_text() == (SPECS / "cohere.yaml").read_text()
+    assert rebuilt["cohere.yaml"] == pins["cohere.yaml"]
+    schemas = yaml.safe_load((SPECS / "cohere.yaml").read_text())["components"]["schemas"]
+    v1, v2 = schemas["CohereRerankRequest"], schemas["CohereV2RerankRequest"]
+    assert v1["required"] == ["model", "query", "documents"] and v2["required"] == ["model", "query", "documents"]
+    assert v2["properties"]["documents"] == {"items": {"type": "string"}, "type": "array", "minItems": 1,
+                                             "maxItems": 1000}
+    assert set(v1["properties"]) >= {"rank_fields", "return_documents", "max_chunks_per_doc"}
+    monkeypatch.setattr(cohere, "__version__", "7.0.0")
+    with pytest.raises(cohere_sdk.SdkMismatch, match=r"pip install cohere==7\.3\.1"):
+        spec_extract.extract_all(tmp_path / "other", cohere=True)
 
 
 def test_anthropic_document_narrowed_and_extended() -> None:

@@ -3,6 +3,7 @@
     python -m tools.spec extract  [--openai F] [--decisions F] [--systemone F] [--clef F [--clef-flash F]]
                                   [--tokenize F]   # our vLLM tokenizer document: rebuilt every time
                                   [--anthropic]    # from the installed anthropic SDK (the pinned version)
+                                  [--cohere]       # from the installed cohere SDK (the pinned version)
     python -m tools.spec generate            # specs/ -> generated/
     python -m tools.spec check               # exit 1 when generated/ is stale or hand-edited
     python -m tools.spec diff OLD_DIR [NEW_DIR]
@@ -23,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tools.spec import anthropic_sdk, codegen
+from tools.spec import codegen, sdk_types
 from tools.spec import diff as spec_diff
 from tools.spec import extract as spec_extract
 from tools.spec.sources import SOURCES
@@ -47,21 +48,24 @@ def _add_upstream_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--anthropic", action="store_true",
                         help="build the Anthropic Messages document from the installed anthropic SDK "
                              "(no file: the package is the upstream; it must be the pinned version)")
+    parser.add_argument("--cohere", action="store_true",
+                        help="build the Cohere rerank document from the installed cohere SDK "
+                             "(no file: the package is the upstream; it must be the pinned version)")
 
 
 def _extract(args: argparse.Namespace, specs_dir: Path) -> None:
     given = {"openai": args.openai, "decisions": args.decisions, "systemone": args.systemone, "clef": args.clef,
-             "clef_flash": args.clef_flash, "tokenize": args.tokenize, "anthropic": args.anthropic}
+             "clef_flash": args.clef_flash, "tokenize": args.tokenize, "anthropic": args.anthropic, "cohere": args.cohere}
     if not any(given.values()):
         raise SystemExit("give at least one upstream file (--openai, --decisions, --systemone with --clef, "
-                         "--clef with --clef-flash, --tokenize) or --anthropic")
+                         "--clef with --clef-flash, --tokenize), --anthropic or --cohere")
     try:
         pins = spec_extract.extract_all(specs_dir, **given)
-    except anthropic_sdk.SdkMismatch as exc:
+    except sdk_types.SdkMismatch as exc:
         raise SystemExit(str(exc)) from None
-    names = {s.doc for key, s in SOURCES.items() if given[key]}
+    names = {s.doc for key, s in SOURCES.items() if given.get(key)}
     if (specs_dir / SOURCES["openai"].doc).exists():
-        names.add(SOURCES["tokenize"].doc)  # ours, in the repository: rebuilt every time
+        names |= {SOURCES["tokenize"].doc, SOURCES["score"].doc}  # ours, in the repository: rebuilt every time
     for pin in pins:
         if pin["document"] in names:
             print(f"wrote specs/{pin['document']}  ({pin['upstream_repo']} @ {pin['upstream_commit']})")

@@ -17,12 +17,15 @@ from typing import Any
 
 import yaml
 
-from tools.spec import anthropic_sdk
+from tools.spec import anthropic_sdk, cohere_sdk
 from tools.spec import overlay as spec_overlay
 from tools.spec.sources import (
     ANTHROPIC,
+    COHERE,
     DECISIONS,
     OPENAI,
+    SCORE,
+    SCORE_DOCUMENT,
     SYSTEMONE,
     TOKENIZE,
     TOKENIZE_DOCUMENT,
@@ -424,9 +427,9 @@ def extract_workers_ai(clef: Path, clef_flash: Path) -> dict[str, Any]:
     return _finish(WORKERS_AI, out)
 
 
-def extract_tokenize(document: Path, openai: Path) -> dict[str, Any]:
-    """Our own document of vLLM's tokenizer routes, completed with the components it names but does
-    not define (the chat route's messages and tools, the error envelope), copied from the pinned
+def extract_written(source: Source, document: Path, openai: Path, title: str) -> dict[str, Any]:
+    """Our own document of vLLM's routes (tokenizer, score), completed with the components it names but
+    does not define (the chat route's messages and tools, the error envelope), copied from the pinned
     openai.yaml under their own names: the served document then holds one copy of each, and a copy
     that drifted from the chat route's would stop /openapi.json from merging rather than pass unseen."""
     doc = load_document(document)
@@ -434,12 +437,20 @@ def extract_tokenize(document: Path, openai: Path) -> dict[str, Any]:
     chat = load_document(openai)["components"]["schemas"]
     if clash := sorted(set(own) & set(chat)):
         raise ValueError(f"{document.name} defines components openai.yaml has: {clash}")
-    paths = build_operations(doc, TOKENIZE)
+    paths = build_operations(doc, source)
     doc["components"]["schemas"] = {**chat, **own}  # resolve against both; only what is reached is kept
     components = reachable_components(doc, [paths])
-    out = _document(TOKENIZE, paths, {"schemas": dict(sorted(components["schemas"].items()))},
-                    "swama: vLLM tokenizer routes", str(doc["info"]["version"]))
-    return _finish(TOKENIZE, out)
+    out = _document(source, paths, {"schemas": dict(sorted(components["schemas"].items()))}, title,
+                    str(doc["info"]["version"]))
+    return _finish(source, out)
+
+
+def extract_tokenize(document: Path, openai: Path) -> dict[str, Any]:
+    return extract_written(TOKENIZE, document, openai, "swama: vLLM tokenizer routes")
+
+
+def extract_score(document: Path, openai: Path) -> dict[str, Any]:
+    return extract_written(SCORE, document, openai, "swama: vLLM score route")
 
 
 def extract_anthropic() -> dict[str, Any]:
@@ -451,6 +462,17 @@ def extract_anthropic() -> dict[str, Any]:
     out = _document(ANTHROPIC, paths, {"schemas": dict(sorted(components["schemas"].items()))},
                     "swama: Anthropic Messages", str(doc["info"]["version"]))
     return _finish(ANTHROPIC, out)
+
+
+def extract_cohere() -> dict[str, Any]:
+    """Cohere's rerank routes, from the installed cohere SDK (the pinned version): see
+    tools/spec/cohere_sdk.py."""
+    doc = cohere_sdk.build_document()
+    paths = build_operations(doc, COHERE)
+    components = reachable_components(doc, [paths])
+    out = _document(COHERE, paths, {"schemas": dict(sorted(components["schemas"].items()))},
+                    "swama: Cohere Rerank", str(doc["info"]["version"]))
+    return _finish(COHERE, out)
 
 
 def keep_reached(doc: dict[str, Any]) -> None:
@@ -487,12 +509,13 @@ def dump_yaml(doc: dict[str, Any]) -> str:
 def extract_all(specs_dir: Path, openai: Path | None = None, decisions: Path | None = None,
                 systemone: Path | None = None, clef: Path | None = None,
                 clef_flash: Path | None = None, tokenize: Path | None = None,
-                anthropic: bool = False) -> list[dict]:
+                anthropic: bool = False, cohere: bool = False) -> list[dict]:
     """Write specs/*.yaml and specs/pins.json from the upstream files given; a document whose upstream
     file is not given keeps its pinned text and pin record. Returns the pin records.
 
     `anthropic` rebuilds the Anthropic Messages document from the installed anthropic SDK (no file:
-    the package is the upstream, and must be the pinned version).
+    the package is the upstream, and must be the pinned version); `cohere` the Cohere rerank document
+    from the installed cohere SDK, alike.
 
     The tokenizer routes' document is ours and lives in the repository (`tokenize` overrides it for a
     trial), so it is rebuilt on every extraction: its copies of openai.yaml's components then follow
@@ -504,6 +527,8 @@ def extract_all(specs_dir: Path, openai: Path | None = None, decisions: Path | N
                          "one (with --clef-flash): give at least one of them")
     if anthropic:
         anthropic_sdk.check_version()  # before any document is written
+    if cohere:
+        cohere_sdk.check_version()
     specs_dir.mkdir(parents=True, exist_ok=True)
     pins_path = specs_dir / "pins.json"
     old_pins = {p["document"]: p for p in json.loads(pins_path.read_text())} if pins_path.exists() else {}
@@ -517,7 +542,10 @@ def extract_all(specs_dir: Path, openai: Path | None = None, decisions: Path | N
     if tokenize is None and (openai is not None or openai_pinned.exists()):
         tokenize = TOKENIZE_DOCUMENT
     jobs.append((TOKENIZE, tokenize, lambda: extract_tokenize(tokenize, openai_pinned), {"openai": openai_pinned}))
+    score = SCORE_DOCUMENT if tokenize is not None else None  # ours too: rebuilt with the tokenizer's
+    jobs.append((SCORE, score, lambda: extract_score(SCORE_DOCUMENT, openai_pinned), {"openai": openai_pinned}))
     jobs.append((ANTHROPIC, anthropic or None, extract_anthropic, {}))
+    jobs.append((COHERE, cohere or None, extract_cohere, {}))
     pins = []
     for source, upstream, build, extra in jobs:
         if upstream is None:
@@ -534,8 +562,9 @@ def extract_all(specs_dir: Path, openai: Path | None = None, decisions: Path | N
         if source.keep_only_reached:
             keep_reached(doc)
         target.write_text(dump_yaml(doc), encoding="utf-8")
-        if source is ANTHROPIC:
-            record = pin_record(source, None, target, extra, upstream_sha256=anthropic_sdk.types_sha256())
+        if source is ANTHROPIC or source is COHERE:
+            sdk = anthropic_sdk if source is ANTHROPIC else cohere_sdk
+            record = pin_record(source, None, target, extra, upstream_sha256=sdk.types_sha256())
         else:
             # The Workers AI document's first upstream file is clef.json; clef-flash.json is its extra.
             record = pin_record(source, clef if source is WORKERS_AI else upstream, target, extra)

@@ -168,6 +168,25 @@ TOKENIZE = Source(
 )
 TOKENIZE_DOCUMENT = WRITTEN / "vllm-tokenize.yaml"
 
+SCORE = Source(
+    doc="score.yaml",
+    repo="vllm-project/vllm",
+    path="vllm/entrypoints/pooling/score/protocol.py",
+    commit="08a48e2b51ac2ea9c2cfad361806fc8cdaef866a",
+    commit_date="unknown: the shapes were read from this commit's protocol.py on 2026-12-07",
+    operations=(
+        Operation("post", "/v1/score", "/v1/score", "routes.score:create_score", operation_id="createScore"),
+    ),
+    note=(
+        "Our own document of vLLM's shapes (ScoreRequest -> ScoreResponse, text forms only), written from "
+        "the models in upstream_path at upstream_commit: vLLM keeps no OpenAPI file of this route in its "
+        "repository. upstream_sha256 is our document's, tools/spec/written/vllm-score.yaml. The error "
+        "envelope is the chat route's, copied by name from the pinned openai.yaml whose sha256 is openai_sha256."
+    ),
+    extra_inputs=("openai",),
+)
+SCORE_DOCUMENT = WRITTEN / "vllm-score.yaml"
+
 # Anthropic publishes no OpenAPI file: the document is built from the types of its Python SDK, which is
 # generated from Anthropic's own specification (tools/spec/anthropic_sdk.py reads the installed package,
 # and refuses any version but `commit`).
@@ -200,5 +219,36 @@ ANTHROPIC = Source(
     keep_only_reached=True,
 )
 
+# Cohere publishes its API definition for its SDK generator, not as a file to pin: the document is built
+# from the types and method parameters of its Python SDK (tools/spec/cohere_sdk.py reads the installed
+# package, and refuses any version but `commit`).
+COHERE = Source(
+    doc="cohere.yaml",
+    repo="cohere-ai/cohere-python (PyPI: cohere)",
+    path="cohere/base_client.py (BaseCohere.rerank), cohere/v2/client.py (V2Client.rerank), "
+         "cohere/types/rerank_response.py, cohere/v2/types/v2rerank_response.py and the modules they import",
+    commit="7.3.1",
+    commit_date="unknown: read from the installed cohere 7.3.1 wheel on 2026-12-07",
+    operations=(
+        Operation("post", "/v1/rerank", "/v1/rerank", "routes.rerank:rerank_v1", operation_id="rerank",
+                  error_schema="Error"),
+        Operation("post", "/v2/rerank", "/v2/rerank", "routes.rerank:rerank_v2", operation_id="rerankV2",
+                  error_schema="Error"),
+    ),
+    component_prefix="Cohere",
+    note=(
+        "Cohere publishes no OpenAPI file to pin. The document is built from the cohere Python SDK at "
+        "upstream_commit (its PyPI version), which Fern generates from Cohere's own API definition: the "
+        "request bodies are the keyword parameters of BaseCohere.rerank (v1) and V2Client.rerank (v2) as "
+        "one model each, the answers the SDK's RerankResponse and V2RerankResponse, turned into JSON "
+        "Schema by pydantic (tools/spec/cohere_sdk.py). The error body, {\"message\"}, has no SDK type and "
+        "is stated by the tool. upstream_sha256 is the sha256 of the sha256sum manifest of the .py files "
+        "of cohere/types, cohere/v2/types and the four client modules, sorted by path relative to "
+        "site-packages, each first checked against the wheel's RECORD."
+    ),
+    keep_only_reached=True,
+)
+
 SOURCES = {"openai": OPENAI, "decisions": DECISIONS, "systemone": SYSTEMONE, "clef_flash": WORKERS_AI,
-           "tokenize": TOKENIZE, "anthropic": ANTHROPIC}
+           "tokenize": TOKENIZE, "anthropic": ANTHROPIC, "cohere": COHERE,
+           "score": SCORE}
