@@ -1,7 +1,8 @@
 """Rerank speed: one query over 100 passages of about 200 tokens, as one /v2/rerank request, against
 one /v1/decisions request per passage, and against the engine alone, in one run.
 
-    python -m tools.bench.rerank [--model-dir DIR] [--docs 100] [--clients 16] [--runs 3] [--write [MD]]
+    python -m tools.bench.rerank [--model-dir DIR | --shape qwen3-0.6b] [--docs 100] [--clients 16]
+                                 [--runs 3] [--write [MD]]
 
 - rerank: one `POST /v2/rerank` with every passage (the query prefilled once, the passages scored in
   the decision scorer's batched passes);
@@ -12,7 +13,9 @@ one /v1/decisions request per passage, and against the engine alone, in one run.
   scheduler), the ceiling for the route.
 
 Documents per second = passages / wall time; median of `--runs` alternating runs with the spread. The
-passages are made of sentences from a fixed word list (seeded), each about 200 tokens.
+passages are made of sentences from a fixed word list (seeded), each about 200 tokens. `--shape`
+builds a random-weight model of that shape (tools.bench.gpu) for a GPU; by default the SmolLM2 test
+model.
 """
 
 from __future__ import annotations
@@ -59,12 +62,19 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tools.bench.rerank", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", type=Path, default=None, help="an MLX language model (default: SmolLM2)")
+    parser.add_argument("--shape", default=None, help="a random-weight model of this shape (tools.bench.gpu)")
+    parser.add_argument("--models-dir", type=Path, default=Path("/tmp/swama-gpu/shaped"))
     parser.add_argument("--docs", type=int, default=100)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--runs", type=int, default=3)
     add_write_option(parser)
     args = parser.parse_args(argv)
-    model_dir, model_id = resolve_model_dir(args.model_dir)
+    if args.shape:
+        from tools.bench.gpu import build_shape, find_donor
+
+        model_dir, model_id = build_shape(args.shape, args.models_dir, find_donor(None, args.models_dir)), "bench/model"
+    else:
+        model_dir, model_id = resolve_model_dir(args.model_dir)
     documents = passages(args.docs)
 
     from swama.engine.decisions.rerank import RELEVANCE, RerankJob, decision_job
@@ -133,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
             f"/v2/rerank is {rate['rerank'] / rate['decisions']:.2f}x one decision request per passage.\n\n{table}\n\n"
             + "\n".join(f"- {k}: {v}" for k, v in machine_facts().items())
             + f"\n- runs: {args.runs}, spread {statistics.pstdev(times['rerank']):.2f} s (rerank)")
-    publish(TITLE, body, args.write)
+    publish(TITLE + (f" ({args.shape})" if args.shape else ""), body, args.write)
 
 
 if __name__ == "__main__":
