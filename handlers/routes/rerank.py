@@ -34,15 +34,14 @@ def document_text(document: str | dict[str, str], index: int, rank_fields: Seque
     as `field: value` lines."""
     if isinstance(document, str):
         return document
-    fields = list(rank_fields) if rank_fields else ["text"]
-    for name in fields:
+    # Every object carries its text (Cohere's rule; a returned document is read by its `text`), and
+    # whatever else rank_fields names.
+    for name, why in [("text", "an object document needs text"), *((f, "rank_fields names it") for f in rank_fields or ())]:
         if name not in document:
-            raise bad_request(f"documents[{index}] has no '{name}' field to rank on "
-                              f"({'rank_fields names it' if rank_fields else 'an object document needs text'}).",
-                              param=f"documents.{index}")
+            raise bad_request(f"documents[{index}] has no '{name}' field to rank on ({why}).", param=f"documents.{index}")
     if not rank_fields:
         return document["text"]
-    return "\n".join(f"{name}: {document[name]}" for name in fields)
+    return "\n".join(f"{name}: {document[name]}" for name in rank_fields)
 
 
 async def _scores(call: Call, model_name: str, job: RerankJob) -> RerankResult:

@@ -98,6 +98,7 @@ def test_v2_cuts_documents_to_max_tokens_per_doc(v2: cohere.ClientV2, model_serv
     (1, {"query": "q", "documents": ["d"], "max_chunks_per_doc": 2}, 400, "'max_chunks_per_doc' is not supported"),
     (1, {"query": "q", "documents": [{"title": "t"}]}, 400, "documents[0] has no 'text' field"),
     (1, {"query": "q", "documents": [{"text": "t"}], "rank_fields": ["title"]}, 400, "has no 'title' field"),
+    (1, {"query": "q", "documents": [{"title": "t"}], "rank_fields": ["title"]}, 400, "has no 'text' field"),
     (1, {"query": "q", "documents": ["d"], "model": "not/installed"}, 404, "not available"),
 ])
 def test_bad_input_is_a_4xx_in_cohere_s_envelope(model_server: LiveServer, version: int, body: dict, status: int,
