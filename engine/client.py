@@ -85,6 +85,7 @@ from swama.engine.files.kinds import (
     EMBEDDING,
     KINDS,
     LANGUAGE,
+    RERANKER,
     SPEECH_TO_TEXT,
     TEXT_TO_SPEECH,
     VISION,
@@ -148,7 +149,7 @@ __all__ = [
     "follow_group", "gpu_count", "group_backend", "join_group", "split_of",
     # constants
     "CALIBRATION_METHODS", "CLIENT_CLOSED", "DEBIAS_METHODS", "DECISION", "DEFAULT_MODEL", "DEFAULT_TEMPERATURE", "DEFAULT_TOP_P", "DEVICE_CHOICES",
-    "DTYPE_CHOICES", "EFFORT_BUDGETS", "EMBEDDING", "IMAGES_NEED_VISION", "KINDS", "LANGUAGE", "MAX_TOP_LOGPROBS", "NO_SPEECH",
+    "DTYPE_CHOICES", "EFFORT_BUDGETS", "EMBEDDING", "IMAGES_NEED_VISION", "KINDS", "LANGUAGE", "MAX_TOP_LOGPROBS", "RERANKER", "NO_SPEECH",
     "OUT_OF_RANGE", "BATCH",
     "SAMPLE_RATE", "SPEECH_TO_TEXT", "TEXT_TO_SPEECH", "VISION",
     # types and errors

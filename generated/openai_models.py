@@ -3239,6 +3239,7 @@ class ModelKind(StrEnum):
     vision = "vision"
     decision = "decision"
     embedding = "embedding"
+    reranker = "reranker"
     speech_to_text = "speech-to-text"
     text_to_speech = "text-to-speech"
 

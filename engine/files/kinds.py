@@ -4,7 +4,8 @@ kinds beyond language models live in engine/kinds/.
 
 mlx-vlm models carry a `vision_config` (or an image token) beside the text model; decision checkpoints
 (Clef, PPLX-Decider) name an mlx-vlm architecture with its own decision head; speech models name
-an audio architecture; embedding models are encoder architectures or sentence-transformers folders.
+an audio architecture; embedding models are encoder architectures or sentence-transformers folders,
+and rerankers encoder architectures with a sequence-classification head (cross-encoders).
 Everything else with a config is a language model for mlx-lm.
 """
 
@@ -18,9 +19,10 @@ LANGUAGE = "language"
 VISION = "vision"
 DECISION = "decision"  # a decision checkpoint: answers typed questions through its own head
 EMBEDDING = "embedding"
+RERANKER = "reranker"  # a cross-encoder: a query and a document in, one relevance logit out
 SPEECH_TO_TEXT = "speech-to-text"
 TEXT_TO_SPEECH = "text-to-speech"
-KINDS = (LANGUAGE, VISION, DECISION, EMBEDDING, SPEECH_TO_TEXT, TEXT_TO_SPEECH)
+KINDS = (LANGUAGE, VISION, DECISION, EMBEDDING, RERANKER, SPEECH_TO_TEXT, TEXT_TO_SPEECH)
 
 # model_type values of mlx-audio's speech-to-text and text-to-speech architectures (and their aliases there).
 _SPEECH_TO_TEXT = {"whisper", "parakeet", "parakeet_tdt", "qwen3_asr", "funasr", "fun_asr_nano", "nemotron_asr",
@@ -45,6 +47,9 @@ def kind_from_config(config: dict[str, Any], files: set[str] = frozenset()) -> s
         return DECISION
     if any(key in config for key in _VISION_KEYS):
         return VISION
+    architectures = config.get("architectures") or []
+    if model_type in _ENCODERS and any(str(a).endswith("ForSequenceClassification") for a in architectures):
+        return RERANKER
     if model_type in _ENCODERS or "modules.json" in files or "sentence_bert_config.json" in files:
         return EMBEDDING
     return LANGUAGE

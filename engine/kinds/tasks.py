@@ -11,7 +11,7 @@ from typing import Protocol
 
 from swama.engine.errors import WrongModel
 from swama.engine.files.aliases import is_audio_model
-from swama.engine.files.kinds import EMBEDDING, LANGUAGE, SPEECH_TO_TEXT, TEXT_TO_SPEECH, VISION
+from swama.engine.files.kinds import EMBEDDING, LANGUAGE, RERANKER, SPEECH_TO_TEXT, TEXT_TO_SPEECH, VISION
 
 IMAGES_NEED_VISION = "Images are not supported by this model; it has no vision processor."
 
@@ -55,9 +55,10 @@ def require(model: HasKind, task: Task, name: str | None = None) -> None:
         if model.kind not in (LANGUAGE, VISION):
             raise _not_generative(model)
     elif task is Task.RERANK:
-        if model.kind not in (LANGUAGE, VISION):
+        if model.kind not in (LANGUAGE, VISION, RERANKER):
             raise WrongModel(f"Model '{model.id}' cannot rerank: it is {_article(model.kind)} {model.kind} model, and "
-                             "documents are ranked by a language or vision model through the decision scorer.",
+                             "documents are ranked by a reranker (a cross-encoder) or by a language or vision model through the "
+                             "decision scorer.",
                              param="model")
     elif task is Task.READ_IMAGES:
         if model.kind != VISION:

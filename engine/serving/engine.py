@@ -26,8 +26,9 @@ from swama.engine.decisions.decide import DecisionJob, DecisionResult, DecisionR
 from swama.engine.decisions.packed_prefill import packable
 from swama.engine.decisions.rerank import RerankJob, RerankResult, card_format, decision_job, truncated
 from swama.engine.errors import BadInput, Cancelled, ContextTooLong
-from swama.engine.files.kinds import LANGUAGE
+from swama.engine.files.kinds import LANGUAGE, RERANKER
 from swama.engine.files.store import ModelStore
+from swama.engine.kinds.cross_encoders import score_pairs
 from swama.engine.kinds.embeddings import Embeddings, check_dimensions, embed, spec_of, tokenize
 from swama.engine.kinds.speech import Segment, synthesize
 from swama.engine.kinds.transcription import Transcript, check_language, transcribe
@@ -370,13 +371,22 @@ class Engine(InstalledModels):
         yield DecisionResult(answers, input_tokens, result.shared_prefix_tokens, applied)
 
     async def rerank(self, model_id: str, job: RerankJob) -> AsyncIterator[RerankResult]:
-        """Each document's relevance to the query (behind /v1/rerank and /v2/rerank): one decision job
-        of yes/no questions over the query as the shared prefix (engine/decisions/rerank.py)."""
+        """Each document's relevance to the query (behind /v1/rerank, /v2/rerank and /v1/score): a
+        cross-encoder's own score (engine/kinds/cross_encoders.py), or on a language or vision model one
+        decision job of yes/no questions over the query as the shared prefix (engine/decisions/rerank.py)."""
+        installed = self.model(model_id)
+        if installed.kind == RERANKER:  # a cross-encoder reads each pair itself
+            cancel = threading.Event()
+            async with self.pool.use(model_id) as model:
+                pairs = await in_thread(lambda: score_pairs(model, job.query, job.documents, job.max_tokens_per_doc,
+                                                            cancel), cancel)
+            yield RerankResult(pairs.scores, pairs.input_tokens)
+            return
         documents = job.documents
         if job.max_tokens_per_doc is not None:
             async with self._held(model_id) as model:
                 documents = await in_thread(lambda: truncated(model.tokenizer, job.documents, job.max_tokens_per_doc))
-        base = self.base_of(self.model(model_id))
+        base = self.base_of(installed)
         card = card_format(base.id, base.source)
         async for result in self.decide(model_id, decision_job(replace(job, documents=documents), card)):
             yield RerankResult([answer.p_yes for answer in result.answers], result.input_tokens)

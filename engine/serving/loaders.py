@@ -14,6 +14,7 @@ from swama.engine.files.kinds import (
     DECISION,
     EMBEDDING,
     LANGUAGE,
+    RERANKER,
     SPEECH_TO_TEXT,
     TEXT_TO_SPEECH,
     VISION,
@@ -26,6 +27,7 @@ LOADERS = {
     VISION: "swama.engine.kinds.vision:load_vision_language_model",
     DECISION: "swama.engine.decisions.checkpoints:load_decision_checkpoint",
     EMBEDDING: "swama.engine.kinds.embeddings:load_embedding_model",
+    RERANKER: "swama.engine.kinds.cross_encoders:load_cross_encoder",
     SPEECH_TO_TEXT: "swama.engine.kinds.transcription:load_speech_to_text_model",
     TEXT_TO_SPEECH: "swama.engine.kinds.speech:load_text_to_speech_model",
 }

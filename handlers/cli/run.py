@@ -15,6 +15,7 @@ from swama.engine.client import (
     DEFAULT_TEMPERATURE,
     DEFAULT_TOP_P,
     EMBEDDING,
+    RERANKER,
     SPEECH_TO_TEXT,
     TEXT_TO_SPEECH,
     ChatRequest,
@@ -192,6 +193,8 @@ OTHER_USES = {
     TEXT_TO_SPEECH: "it speaks text: POST /v1/audio/speech on `swama serve` "
                     "(e.g. the openai SDK's client.audio.speech.create(model=\"{name}\", input=..., voice=...))",
     DECISION: "it answers typed questions: POST /v1/systemone on `swama serve`",
+    RERANKER: "it ranks documents for a query: POST /v2/rerank on `swama serve` "
+              "(e.g. the cohere SDK's ClientV2(...).rerank(model=\"{name}\", query=..., documents=[...]))",
 }
 
 

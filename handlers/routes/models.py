@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from swama.engine.client import LANGUAGE, VISION, Defaults, InstalledModel, kv_cache_entry
+from swama.engine.client import LANGUAGE, RERANKER, VISION, Defaults, InstalledModel, kv_cache_entry
 from swama.handlers.http.pipeline import Call, route
 from swama.handlers.http.settings import server_default_model
 from swama.handlers.routes.decision_rules import decision_defaults
@@ -53,7 +53,7 @@ async def list_models(call: Call, request: None) -> dict[str, Any]:
         "data": [
             {"id": m.id, "object": "model", "created": m.created, "owned_by": "swama",
              "size_in_bytes": m.size_in_bytes, "kind": m.kind, "parent": m.base, "root": m.base or m.id,
-             "rerank": m.kind in (LANGUAGE, VISION)}
+             "rerank": m.kind in (LANGUAGE, VISION, RERANKER)}
             for m in installed
         ],
         "models": catalog,

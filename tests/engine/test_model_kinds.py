@@ -25,6 +25,8 @@ from swama.engine.files.store import META, ModelStore
     ({"model_type": "gemma3", "image_token_index": 262144}, set(), "vision"),
     ({"model_type": "bert"}, set(), "embedding"),
     ({"model_type": "mpnet"}, {"modules.json"}, "embedding"),
+    ({"model_type": "bert", "architectures": ["BertForSequenceClassification"]}, set(), "reranker"),
+    ({"model_type": "xlm-roberta", "architectures": ["XLMRobertaForSequenceClassification"]}, set(), "reranker"),
     ({}, {"sentence_bert_config.json"}, "embedding"),
     ({"model_type": "whisper"}, set(), "speech-to-text"),
     ({"model_type": "kokoro"}, set(), "text-to-speech"),

@@ -4,12 +4,15 @@ the served document's models, and a small relevance set built here measures the 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import cohere
 import httpx
 import pytest
-from conftest import SMOLLM2_ID
+from conftest import SMOLLM2_ID, make_store
 
-from live_server import LiveServer
+from live_server import LiveServer, start_server
 from swama.generated.cohere_models import CohereRerankResponse, CohereV2RerankResponse
 
 pytestmark = pytest.mark.slow
@@ -155,3 +158,35 @@ def test_v1_score_pairs_texts_as_vllm_does(model_server: LiveServer, v2: cohere.
                            ({"text_1": "a", "text_2": "b", "softmax": True}, "'softmax' is not supported")):
         r = httpx.post(f"{model_server.url}/v1/score", json={"model": "smollm2", **body}, timeout=60)
         assert r.status_code == 400 and fragment in r.json()["error"]["message"], r.text
+
+
+RERANKER_ID = "test/tiny-reranker"
+
+
+@pytest.fixture(scope="module")
+def reranker_server(tmp_path_factory: pytest.TempPathFactory, tiny_cross_encoder_dir: Path) -> Iterator[LiveServer]:
+    store = make_store(tmp_path_factory, "reranker-store", {RERANKER_ID: tiny_cross_encoder_dir})
+    server = start_server(store, store.parent / "reranker-server.log")
+    yield server
+    server.stop()
+
+
+def test_a_cross_encoder_reranks_with_its_own_scores(reranker_server: LiveServer, tiny_cross_encoder_dir: Path) -> None:
+    """A tiny cross-encoder (BERT and XLM-RoBERTa) on the cohere SDK: the engine's scores, served."""
+    from swama.engine.kinds.cross_encoders import score_pairs
+    from swama.engine.serving.loaders import load_model
+
+    models = httpx.get(f"{reranker_server.url}/v1/models", timeout=30).json()["data"]
+    assert [(m["id"], m["kind"], m["rerank"]) for m in models] == [(RERANKER_ID, "reranker", True)]
+    query, passages = RELEVANCE[0][0], [p for _, p in RELEVANCE]
+    client = cohere.ClientV2(api_key="local", base_url=reranker_server.url, timeout=120)
+    r = client.rerank(model=RERANKER_ID, query=query, documents=passages, top_n=3)
+    want = score_pairs(load_model(RERANKER_ID, tiny_cross_encoder_dir), query, passages).scores
+    assert [x.index for x in r.results] == sorted(range(len(want)), key=lambda i: -want[i])[:3]
+    assert all(abs(x.relevance_score - want[x.index]) < 1e-5 for x in r.results)
+    score = httpx.post(f"{reranker_server.url}/v1/score", json={"model": RERANKER_ID, "text_1": query,
+                                                                 "text_2": passages[:2]}, timeout=60).json()
+    assert [round(d["score"], 5) for d in score["data"]] == [round(s, 5) for s in want[:2]]
+    chat = httpx.post(f"{reranker_server.url}/v1/chat/completions", timeout=30,
+                      json={"model": RERANKER_ID, "messages": [{"role": "user", "content": "hi"}]})
+    assert chat.status_code == 400 and "reranker model" in chat.json()["error"]["message"]
