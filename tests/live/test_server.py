@@ -21,10 +21,13 @@ POST_ROUTES = ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/
                # vLLM's tokenizer routes (their own spec document), answered in the OpenAI envelope.
                "/tokenize", "/detokenize",
                # Anthropic's Messages API, answered in Anthropic's envelope.
-               "/v1/messages", "/v1/messages/count_tokens"]
+               "/v1/messages", "/v1/messages/count_tokens",
+               # Cohere's rerank wire, answered in Cohere's envelope; vLLM's score route, in OpenAI's.
+               "/v1/rerank", "/v2/rerank", "/v1/score"]
 ANTHROPIC_ROUTES = {"/v1/messages", "/v1/messages/count_tokens"}
+COHERE_ROUTES = {"/v1/rerank", "/v2/rerank"}
 OPENAI_ROUTES = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings",
-                 "/v1/audio/transcriptions", "/v1/audio/speech", "/tokenize", "/detokenize"}
+                 "/v1/audio/transcriptions", "/v1/audio/speech", "/tokenize", "/detokenize", "/v1/score"}
 MiB = 1024 * 1024
 
 
@@ -35,6 +38,9 @@ def assert_error_shape(path: str, response: httpx.Response) -> str:
         (error,) = body["errors"]
         assert set(error) == {"code", "message"} and isinstance(error["code"], int)
         return error["message"]
+    if path in COHERE_ROUTES:
+        assert set(body) == {"message"} and isinstance(body["message"], str)
+        return body["message"]
     if path in ANTHROPIC_ROUTES:
         assert set(body) == {"type", "error"} and body["type"] == "error" and set(body["error"]) == {"message", "type"}
         kinds = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
