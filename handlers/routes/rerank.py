@@ -44,12 +44,17 @@ def document_text(document: str | dict[str, str], index: int, rank_fields: Seque
     return "\n".join(f"{name}: {document[name]}" for name in rank_fields)
 
 
+async def reranked(call: Call, model_id: str, job: RerankJob) -> RerankResult:
+    """The engine's one result for `job` on a model that can rerank; a client that leaves cancels it."""
+    async for result in collect_or_cancel(call.request, call.engine.rerank(model_id, job)):
+        return result
+    raise Cancelled()
+
+
 async def _scores(call: Call, model_name: str, job: RerankJob) -> RerankResult:
     model = call.engine.model(model_name)  # 404 before any other work
     call.engine.require(model, Task.RERANK)
-    async for result in collect_or_cancel(call.request, call.engine.rerank(model.id, job)):
-        return result
-    raise Cancelled()
+    return await reranked(call, model.id, job)
 
 
 def _answer(result: RerankResult, top_n: int | None, version: str,

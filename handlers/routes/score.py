@@ -14,11 +14,11 @@ import uuid
 
 from fastapi import Response
 
-from swama.engine.client import Cancelled, RerankJob, RerankResult, Task
+from swama.engine.client import RerankJob, Task
 from swama.generated.score_models import ScoreRequest, ScoreTexts
 from swama.handlers.http.errors import bad_request
 from swama.handlers.http.pipeline import Call, RouteRules, route
-from swama.handlers.http.streaming import collect_or_cancel
+from swama.handlers.routes.rerank import reranked
 
 SCORE_RULES = RouteRules(handled=frozenset({"model", "text_1", "text_2", "truncate_prompt_tokens"}))
 
@@ -41,12 +41,6 @@ def pairs_of(first: list[str], second: list[str]) -> dict[str, list[int]]:
     return groups
 
 
-async def _one(call: Call, model_id: str, job: RerankJob) -> RerankResult:
-    async for result in collect_or_cancel(call.request, call.engine.rerank(model_id, job)):
-        return result
-    raise Cancelled()
-
-
 @route(SCORE_RULES)
 async def create_score(call: Call, request: ScoreRequest) -> Response:
     first, second = texts_of(request.text_1), texts_of(request.text_2)
@@ -57,7 +51,7 @@ async def create_score(call: Call, request: ScoreRequest) -> Response:
     jobs = {query: RerankJob(query, [second[i] for i in positions], context_limit=call.settings.context_limit,
                              max_tokens_per_doc=None if limit < 0 else max(limit, 1))
             for query, positions in groups.items()}
-    results = await asyncio.gather(*(_one(call, model.id, job) for job in jobs.values()))
+    results = await asyncio.gather(*(reranked(call, model.id, job) for job in jobs.values()))
     scores = [0.0] * len(second)
     tokens = 0
     for positions, result in zip(groups.values(), results, strict=True):
