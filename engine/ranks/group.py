@@ -132,6 +132,24 @@ class RankGroup:
                       flush=True)
         return payload
 
+    def gather(self, values: list[int]) -> list[list[int]]:
+        """Every rank's `values` (the same count on each), by rank: a collective that every rank
+        calls at the same point of the same step. Raises GroupFailed when it fails."""
+        import mlx.core as mx
+        import numpy as np
+
+        if self.failed is not None:
+            raise GroupFailed(self.failed)
+        stream = mx.gpu if self.backend == "nccl" else mx.cpu
+        before, self._busy_since = self._busy_since, self._busy_since or time.monotonic()
+        try:
+            table = mx.distributed.all_gather(mx.array([values], dtype=mx.int32), group=self.group, stream=stream)
+            return np.array(table).tolist()
+        except Exception as exc:
+            raise GroupFailed(f"a collective failed on rank {self.rank}: {exc}") from exc
+        finally:
+            self._busy_since = before
+
     def begin_step(self) -> None:
         """The forward passes of a step start (they wait on the other ranks too)."""
         self._busy_since = time.monotonic()
@@ -190,6 +208,12 @@ def current() -> RankGroup | None:
 def group_of(model: LoadedModel) -> RankGroup | None:
     """The group holding the other shards of a model split across ranks; None for a whole model."""
     return model.beside.get(RankGroup)
+
+
+def shard_name(group: RankGroup | None) -> str:
+    """What a rank's prompt cache blocks on disk are named by besides the model: its shard ("" for a
+    whole model). Each rank keeps its own blocks; the ranks agree on what they resume (serving/scheduler.py)."""
+    return "" if group is None else f"rank{group.rank}of{group.size}"
 
 
 def join(backend: str, timeout: float, startup_timeout: float, *, restarts: int = 0,

@@ -124,6 +124,10 @@ class Admission:
         held = sum(c.nbytes for row in list(self.waiting) for c in row.cache)
         return held + (self.group.nbytes() if self.group is not None else 0)
 
+    def pending(self, rid: int) -> Pending | None:
+        """The prompt `rid` while it waits for its first prefill forward (None once read, or gone)."""
+        return next((row for row in self.waiting if row.rid == rid), None)
+
     def drop(self, rid: int) -> bool:
         """Forget a prompt (its client went away); True when it was here."""
         for row in self.waiting:

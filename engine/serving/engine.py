@@ -35,7 +35,7 @@ from swama.engine.kinds.transcription import Transcript, check_language, transcr
 from swama.engine.model import LoadedModel
 from swama.engine.priority import BATCH
 from swama.engine.ranks import group as ranks
-from swama.engine.ranks.group import STARTUP_TIMEOUT, group_of
+from swama.engine.ranks.group import STARTUP_TIMEOUT, group_of, shard_name
 from swama.engine.runtime import compute_dtype, loaded_blas
 from swama.engine.serving.installed import InstalledModels
 from swama.engine.serving.pool import ModelPool
@@ -294,12 +294,9 @@ class Engine(InstalledModels):
     def _scheduler(self, model: LoadedModel) -> Scheduler:
         scheduler = model.beside.get(Scheduler)
         if scheduler is None:
-            # A model split across ranks keeps its prompt cache in memory: every rank must resume the
-            # same prefix, which one rank's disk cannot promise for the others.
             use_kv_quant(model, self.settings.kv_quant())  # before the caches below are made
-            disk = self.settings.prompt_disk_dir() if group_of(model) is None else None
-            cache = prompt_cache_for(model, self.settings.prompt_cache_budget(), disk,
-                                     self.settings.prompt_cache_disk_bytes)
+            cache = prompt_cache_for(model, self.settings.prompt_cache_budget(), self.settings.prompt_disk_dir(),
+                                     self.settings.prompt_cache_disk_bytes, shard_name(group_of(model)))
             model.beside.set(PromptCache, cache)  # the same cache for requests served alone
             scheduler = Scheduler(model, prompt_cache=cache, batching=self.settings.batching,
                                   rows=self.settings.batch_rows, prefill_step=self.settings.prefill_step,

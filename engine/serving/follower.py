@@ -4,13 +4,13 @@ rank 0 shares until the group ends (engine/ranks/group.py exits the process when
 from __future__ import annotations
 
 from swama.engine.files.store import ModelStore
-from swama.engine.ranks.group import current
+from swama.engine.ranks.group import current, shard_name
 from swama.engine.serving.loaders import load_model
 from swama.engine.serving.scheduler import Scheduler
 from swama.engine.settings import EngineSettings
 from swama.engine.speculative.policy import speculation_of
 from swama.engine.text.kv_policy import use_kv_quant
-from swama.engine.text.prompt_cache import PromptCache
+from swama.engine.text.prompt_cache import prompt_cache_for
 
 
 def follow(settings: EngineSettings, model_id: str) -> None:
@@ -22,9 +22,14 @@ def follow(settings: EngineSettings, model_id: str) -> None:
     group.model_id = installed.id
     model = load_model(installed.id, installed.path)
     use_kv_quant(model, settings.kv_quant())
-    budget = settings.prompt_cache_budget()
-    scheduler = Scheduler(model, prompt_cache=PromptCache(budget) if budget > 0 else None, batching=True,
+    cache = prompt_cache_for(model, settings.prompt_cache_budget(), settings.prompt_disk_dir(),
+                             settings.prompt_cache_disk_bytes, shard_name(group))
+    scheduler = Scheduler(model, prompt_cache=cache, batching=True,
                           rows=settings.batch_rows, prefill_step=settings.prefill_step,
                           prefill_wait=settings.prefill_wait,
                           speculation=speculation_of(settings))
-    scheduler.join()
+    try:
+        scheduler.join()
+    finally:
+        if cache is not None:
+            cache.close()  # the blocks handed to the disk tier's writer reach the disk

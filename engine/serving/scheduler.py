@@ -88,7 +88,7 @@ from swama.engine.text.generator import (
 from swama.engine.text.kv_policy import kv_quant_of
 from swama.engine.text.kv_quant import as_quantized, kv_token_bytes
 from swama.engine.text.logprobs import Recorder, TokenLogprob, prompt_logprobs, token_bytes
-from swama.engine.text.prompt_cache import PromptCache, cacheable
+from swama.engine.text.prompt_cache import PromptCache, cacheable, prefix_copy
 
 Mirror = DecisionPrefill | DecisionBatch | PromptScore  # a task as the other ranks of a group run it
 
@@ -304,6 +304,7 @@ class Scheduler:
         self._keys = 0
         self._forget: list[int] = []
         self._checksum = 0
+        self._joined: list[tuple[int, int]] = []  # rank 0: this turn's prompts that joined (rid, tokens resumed)
         # finished rows' caches (with their adapter's id) on their way to the prompt cache
         self._keeping: list[tuple[list[Any], list[int], str | None]] = []
         self._running: concurrent.futures.Future[Any] | None = None  # the task running now
@@ -514,6 +515,7 @@ class Scheduler:
                 pack = self._take_pack() if self._prefills else []
                 forget, self._forget = self._forget, []
             self.clock.turns += 1
+            self._joined = []
             with mx.stream(stream):
                 turn = Turn(forget=forget) if self.group is not None else None
                 with self.clock.part("admission"):
@@ -529,6 +531,8 @@ class Scheduler:
                 if turn is not None and not self._share(turn, task, picked):
                     break
                 try:
+                    if turn is not None:
+                        self._agree_on_resumes(self._joined)
                     self._turn(task, picked, pack)
                 except GroupFailed as exc:
                     self.group.fail(str(exc))
@@ -732,13 +736,16 @@ class Scheduler:
     def _apply(self, turn: Turn, stream: Any) -> None:
         import mlx.core as mx
 
+        joined = []
         for ins in turn.inserts:
             rid, reused = self._join(ins.ids, ins.budget, ins.sampling, stream,
                                      constraint_processors(self.model, ins.constraint), ins.batch, ins.keep)
-            if reused != ins.reused:
+            if reused != ins.reused and not self._own_disk:
                 raise GroupFailed(f"rank {self.group.rank} resumed {reused} cached prompt tokens where rank 0 "
                                   f"resumed {ins.reused}; the prompt caches differ")
             self._active[rid] = None
+            joined.append((rid, reused))
+        self._agree_on_resumes(joined)
         for uid in turn.removals:
             self._remove(uid)
         for key in turn.forget:
@@ -863,7 +870,38 @@ class Scheduler:
         if turn is not None:
             turn.inserts.append(Insert(ids, job.reused, budget, sampling, job.request.constraint, job.request.batch,
                                        job.request.keep_prompt))
+            self._joined.append((rid, job.reused))
         return held
+
+    @property
+    def _own_disk(self) -> bool:
+        """A split model whose ranks each keep prompt-cache blocks on a disk of their own."""
+        return self.group is not None and self.prompt_cache is not None and self.prompt_cache.disk is not None
+
+    def _agree_on_resumes(self, joined: list[tuple[int, int]]) -> None:
+        """On a split model with a disk tier, after a turn's prompts joined (rid, tokens resumed): each
+        rank read its own blocks, and one may hold fewer (still being written, evicted, damaged), so
+        every rank resumes each prompt at the shortest prefix any rank resumed. All ranks call this at
+        the same point of the same turn: the gather is a collective."""
+        if not joined or not self._own_disk:
+            return
+        table = self.group.gather([reused for _, reused in joined])
+        for (rid, reused), least in zip(joined, (min(column) for column in zip(*table, strict=True)), strict=True):
+            if reused > least:
+                self._resume_at(rid, least)
+
+    def _resume_at(self, rid: int, n: int) -> None:
+        """Prompt `rid`, still waiting to be read, resumed from its first `n` cached tokens only."""
+        from mlx_lm.models.cache import make_prompt_cache
+
+        row = self._admission.pending(rid)
+        if row is None:  # its client went away in this turn
+            return
+        row.cache = as_quantized(prefix_copy(row.cache, n) if n else make_prompt_cache(self.model.model), self.kv)
+        row.done = n
+        job = self._active.get(rid)
+        if job is not None:
+            job.reused, job.from_disk = n, min(job.from_disk, n)
 
     def _room(self, prompt: int, budget: int) -> int:
         """Key/value bytes a row of `prompt` tokens that may generate `budget` more reserves (0: rows are

@@ -51,7 +51,7 @@ def _prefix_of(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
     return n <= len(b) and (n == 0 or a[-1] == b[n - 1]) and a == b[:n]
 
 
-def _prefix_copy(cache: list[Any], n: int) -> list[Any]:
+def prefix_copy(cache: list[Any], n: int) -> list[Any]:
     """New caches holding the first `n` positions: sliced arrays, so writes to one never reach the other."""
     from mlx_lm.models.cache import KVCache
 
@@ -168,7 +168,7 @@ class PromptCache:
             self._bytes -= entry.nbytes
             return entry.cache, reuse
         self._entries.move_to_end(best)
-        return _prefix_copy(entry.cache, reuse), reuse
+        return prefix_copy(entry.cache, reuse), reuse
 
     def put(self, tokens: list[int], cache: list[Any], salt: str | None = None) -> None:
         """Keep `cache` (holding `tokens`, computed with the adapter `salt` names) for later requests;
@@ -195,9 +195,11 @@ class PromptCache:
             self.disk.write(held, cache)
 
 
-def prompt_cache_for(model: LoadedModel, budget: int, disk_dir: Path | None, disk_bytes: int) -> PromptCache | None:
+def prompt_cache_for(model: LoadedModel, budget: int, disk_dir: Path | None, disk_bytes: int,
+                     shard: str = "") -> PromptCache | None:
     """A model's prompt cache (None for a budget of 0), with a disk tier under `disk_dir` when the
-    model's caches can be cut back to any prefix."""
+    model's caches can be cut back to any prefix. `shard` names the part of the model this process
+    holds on a model split across ranks (each rank's blocks are its own shard's keys and values)."""
     from mlx_lm.models.cache import make_prompt_cache
 
     from swama.engine.runtime import compute_dtype
@@ -209,7 +211,7 @@ def prompt_cache_for(model: LoadedModel, budget: int, disk_dir: Path | None, dis
         return PromptCache(budget)
     dtype = compute_dtype()
     kv = kv_quant_of(model)  # quantized blocks are their own: a folder of their own
-    name = fingerprint(model.path, str(dtype), f"kv{kv.bits}g{kv.group_size}" if kv is not None else "")
+    name = fingerprint(model.path, str(dtype), (f"kv{kv.bits}g{kv.group_size}" if kv is not None else "") + shard)
     return PromptCache(budget, DiskTier(disk_dir / name, name, disk_bytes), len(caches))
 
 

@@ -28,6 +28,8 @@ from precision import (
 )
 
 from live_server import LiveServer, start_server
+from swama.engine.files.store import ModelStore
+from swama.engine.text.prompt_disk import fingerprint
 
 pytestmark = pytest.mark.slow
 
@@ -172,10 +174,78 @@ def test_second_turn_resumes_the_prompt_cache_on_every_rank(tiny_ranks: LiveServ
         "model": TINY_ID, "messages": messages, "max_tokens": 8, "temperature": 0}).json()
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
     assert httpx.get(tiny_ranks.url + "/health", timeout=10).json()["ranks"]["state"] == "serving"
-    # A split model keeps its prompt cache in memory only: one rank's disk cannot promise the others'.
     metrics = httpx.get(tiny_ranks.url + "/metrics", timeout=30).text
     assert 'swama_prompt_cache_hits_total{model="test/tiny-qwen3",tier="memory"}' in metrics
-    assert 'tier="disk"' not in metrics
+    assert 'swama_prompt_cache_hits_total{model="test/tiny-qwen3",tier="disk"}' in metrics
+
+
+SYSTEM = " ".join(f"Rule {i}: answer politely, cite the order number, and never promise a refund date."
+                  for i in range(40))  # ~700 tokens: two whole blocks of 256
+
+
+def _blocks_in_order(folder: Path) -> list[Path]:
+    """A rank's block files of one prompt, first block first (each names its parent in its header)."""
+    by_parent = {}
+    for path in folder.glob("*.kv"):
+        data = path.read_bytes()
+        size = int.from_bytes(data[8:12], "little")
+        by_parent[json.loads(data[12:12 + size])["parent"]] = path
+    chain, parent = [], folder.name
+    while parent in by_parent:
+        chain.append(by_parent[parent])
+        parent = chain[-1].stem
+    return chain
+
+
+def test_each_rank_resumes_its_own_blocks_from_disk_and_the_ranks_agree(model_store: Path, tmp_path: Path) -> None:
+    # Each rank writes its own shard's blocks under the data folder. After a restart both read them
+    # back; where one rank holds fewer (here its second block is damaged), every rank resumes from
+    # the shortest prefix any of them holds, and the answer is the one the cold server gave.
+    data = tmp_path / "data"
+    body = {"model": TINY_ID, "max_tokens": 8, "temperature": 0,
+            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Where is order 12?"}]}
+
+    def up() -> LiveServer:
+        return start_server(model_store, tmp_path / "ranks-disk.log", TINY_ID, "--rank-timeout", RANK_TIMEOUT, *RING,
+                            "--ranks", "2", timeout=240, env={"SWAMA_DATA": str(data)})
+
+    def ask(server: LiveServer) -> dict:
+        r = httpx.post(server.v1 + "/chat/completions", timeout=120, json=body)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    server = up()
+    try:
+        first = ask(server)
+        assert first["usage"]["prompt_tokens"] > 2 * 256 + 1
+        deadline = time.monotonic() + 60
+        while True:  # both ranks' writer threads have written the prompt's first blocks
+            folders = sorted(p for p in (data / "prompt-cache").iterdir() if p.is_dir())
+            if len(folders) == 2 and all(len(_blocks_in_order(f)) >= 2 for f in folders):
+                break
+            assert time.monotonic() < deadline, [list(f.iterdir()) for f in folders]
+            time.sleep(0.2)
+    finally:
+        server.stop()
+    # Rank 1's second block damaged: rank 0 reads all its blocks, rank 1 one, and rank 0 cuts back to it.
+    follower = fingerprint(ModelStore(model_store).get(TINY_ID).path,
+                           "mlx.core.bfloat16" if ON_GPU else "mlx.core.float32", "rank1of2")
+    assert follower in [f.name for f in folders]
+    damaged = _blocks_in_order(data / "prompt-cache" / follower)[1]
+    damaged.write_bytes(damaged.read_bytes()[:100])
+
+    server = up()  # new processes: nothing in memory
+    try:
+        again = ask(server)
+        details = again["usage"]["prompt_tokens_details"]
+        assert details["cached_tokens"] == 256 and details["disk_cached_tokens"] == 256
+        assert again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
+        third = ask(server)  # now from the memory tier of every rank
+        assert third["usage"]["prompt_tokens_details"]["cached_tokens"] > 512
+        assert third["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
+        assert httpx.get(server.url + "/health", timeout=10).json()["ranks"]["state"] == "serving"
+    finally:
+        server.stop()
 
 
 def test_sampled_tokens_agree_across_ranks(tiny_ranks: LiveServer) -> None:
