@@ -14,7 +14,7 @@ accessor (`vision_of(model)`, `decision_state(model)`), so this module names no 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -108,3 +108,12 @@ def cast_for_device(model: Any) -> None:
 
     model.set_dtype(compute_dtype())
     mx.eval(model.parameters())
+
+
+def truncated(tokenizer: Any, documents: Sequence[str], max_tokens: int) -> list[str]:
+    """Each document cut to its first `max_tokens` tokens (as `tokenizer` splits it alone)."""
+    out = []
+    for document in documents:
+        ids = tokenizer.encode(document, add_special_tokens=False)
+        out.append(document if len(ids) <= max_tokens else tokenizer.decode(ids[:max_tokens]))
+    return out

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from swama.engine.decisions.decide import DecisionJob
 from swama.engine.decisions.scorer.questions import predicate_view
@@ -88,10 +87,3 @@ def decision_job(job: RerankJob, card: CardFormat | None = None) -> DecisionJob:
     return DecisionJob(QUERY.format(query=job.query), views, context_limit=job.context_limit)
 
 
-def truncated(tokenizer: Any, documents: Sequence[str], max_tokens: int) -> list[str]:
-    """Each document cut to its first `max_tokens` tokens (as the model's tokenizer splits it alone)."""
-    out = []
-    for document in documents:
-        ids = tokenizer.encode(document, add_special_tokens=False)
-        out.append(document if len(ids) <= max_tokens else tokenizer.decode(ids[:max_tokens]))
-    return out

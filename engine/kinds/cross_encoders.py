@@ -26,7 +26,7 @@ import numpy as np
 from swama.engine.errors import BadInput, Cancelled, ContextTooLong, LoadFailed
 from swama.engine.files.kinds import RERANKER
 from swama.engine.kinds.embeddings import batches
-from swama.engine.model import LoadedModel, cast_for_device
+from swama.engine.model import LoadedModel, cast_for_device, truncated
 
 HEADS = {"BertForSequenceClassification": "bert", "XLMRobertaForSequenceClassification": "xlm-roberta"}
 
@@ -143,11 +143,10 @@ def encode_pairs(model: LoadedModel, query: str, documents: Sequence[str],
     if len(alone) >= spec.max_tokens:
         raise ContextTooLong(f"The query is {len(alone)} tokens long; model '{model.id}' reads at most "
                              f"{spec.max_tokens} tokens of query and document together.", param="query")
+    if max_tokens_per_doc is not None:
+        documents = truncated(tokenizer, documents, max_tokens_per_doc)
     pairs = []
     for document in documents:
-        if max_tokens_per_doc is not None:
-            ids = tokenizer.encode(document, add_special_tokens=False)
-            document = tokenizer.decode(ids[:max_tokens_per_doc]) if len(ids) > max_tokens_per_doc else document
         encoded = tokenizer(query, document, truncation="only_second", max_length=spec.max_tokens)
         ids = list(encoded["input_ids"])
         types = list(encoded.get("token_type_ids") or [0] * len(ids))

@@ -24,7 +24,7 @@ from swama.engine.decisions.adjust.store import CalibrationCache, CalibrationFil
 from swama.engine.decisions.checkpoints import CheckpointResult, checkpoint_of, predict
 from swama.engine.decisions.decide import DecisionJob, DecisionResult, DecisionRun
 from swama.engine.decisions.packed_prefill import packable
-from swama.engine.decisions.rerank import RerankJob, RerankResult, card_format, decision_job, truncated
+from swama.engine.decisions.rerank import RerankJob, RerankResult, card_format, decision_job
 from swama.engine.errors import BadInput, Cancelled, ContextTooLong
 from swama.engine.files.kinds import LANGUAGE, RERANKER
 from swama.engine.files.store import ModelStore
@@ -32,7 +32,7 @@ from swama.engine.kinds.cross_encoders import score_pairs
 from swama.engine.kinds.embeddings import Embeddings, check_dimensions, embed, spec_of, tokenize
 from swama.engine.kinds.speech import Segment, synthesize
 from swama.engine.kinds.transcription import Transcript, check_language, transcribe
-from swama.engine.model import LoadedModel
+from swama.engine.model import LoadedModel, truncated
 from swama.engine.priority import BATCH
 from swama.engine.ranks import group as ranks
 from swama.engine.ranks.group import STARTUP_TIMEOUT, group_of, shard_name

@@ -9,8 +9,8 @@ import mlx.core as mx
 import pytest
 
 from swama.engine.decisions.decide import DecisionRun
-from swama.engine.decisions.rerank import QWEN3_RERANKER, RerankJob, card_format, decision_job, truncated
-from swama.engine.model import LoadedModel
+from swama.engine.decisions.rerank import QWEN3_RERANKER, RerankJob, card_format, decision_job
+from swama.engine.model import LoadedModel, truncated
 from swama.engine.text.language import load_language_model
 
 QUERY = "What do bees make?"
