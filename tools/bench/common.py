@@ -198,6 +198,23 @@ def machine_facts() -> dict[str, str]:
     }
 
 
+def gpu_facts() -> dict[str, str]:
+    """The GPU the models run on, as nvidia-smi names it (nothing when they run on the CPU)."""
+    from swama.engine.runtime import gpu_build, will_use_gpu
+
+    if not will_use_gpu():
+        return {}
+    name = "unknown"
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                 text=True, timeout=30).stdout.strip().splitlines()
+            name = f"{len(out)} x {out[0]}" if out else name
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return {"gpu": f"{name} ({gpu_build()})"}
+
+
 def _cpu_model() -> str | None:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -36,6 +36,7 @@ from tools.bench.common import (
     add_write_option,
     build_store,
     free_port,
+    gpu_facts,
     machine_facts,
     markdown_table,
     median,
@@ -137,11 +138,13 @@ def main(argv: list[str] | None = None) -> None:
                               (f"/v1/decisions, one request per passage ({args.clients} clients)", "decisions"),
                               ("engine alone (the decision job in process)", "engine"))]
     table = markdown_table(["way", "passages/s (median)", "spread", "of the engine alone"], rows)
-    body = (f"Measured {today()} with `python -m tools.bench.rerank --docs {args.docs} --clients {args.clients} "
+    command = (f"bash tools/gpu.sh env python3 -m tools.bench.rerank --shape {args.shape}" if args.shape
+               else "python -m tools.bench.rerank")
+    body = (f"Measured {today()} with `{command} --docs {args.docs} --clients {args.clients} "
             f"--runs {args.runs}` on {model_id}: one query over {args.docs} passages of about "
             f"{tokens // max(args.docs, 1)} tokens each ({tokens} input tokens in the rerank request). "
             f"/v2/rerank is {rate['rerank'] / rate['decisions']:.2f}x one decision request per passage.\n\n{table}\n\n"
-            + "\n".join(f"- {k}: {v}" for k, v in machine_facts().items())
+            + "\n".join(f"- {k}: {v}" for k, v in {**machine_facts(), **gpu_facts()}.items())
             + f"\n- runs: {args.runs}, spread {statistics.pstdev(times['rerank']):.2f} s (rerank)")
     publish(TITLE + (f" ({args.shape})" if args.shape else ""), body, args.write)
 

@@ -39,7 +39,6 @@ import math
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -70,6 +69,7 @@ from tools.bench.common import (
     facts_lines,
     floating_dtype,
     free_port,
+    gpu_facts,
     machine_facts,
     markdown_table,
     median,
@@ -1026,22 +1026,6 @@ def report(contenders: list[Contender], runs: dict[str, list[list[Level]]], plan
         "Notes:\n\n" + "\n".join(f"- {n}" for n in notes),
         "Machine:\n\n" + facts_lines({**machine_facts(), **gpu_facts(), "load average (1/5/15 min)": load}),
     ])
-
-
-def gpu_facts() -> dict[str, str]:
-    from swama.engine.runtime import gpu_build, will_use_gpu
-
-    if not will_use_gpu():
-        return {}
-    name = "unknown"
-    if shutil.which("nvidia-smi"):
-        try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                                 text=True, timeout=30).stdout.strip().splitlines()
-            name = f"{len(out)} x {out[0]}" if out else name
-        except (OSError, subprocess.SubprocessError):
-            pass
-    return {"gpu": f"{name} ({gpu_build()})"}
 
 
 # ---------------------------------------------------------------------------------------------
