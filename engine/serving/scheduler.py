@@ -60,6 +60,7 @@ from swama.engine.ranks.group import HEARTBEAT, GroupFailed, RankGroup, group_of
 from swama.engine.runtime import compute_dtype, on_gpu
 from swama.engine.serving.admission import ALIGN, Admission, Pending
 from swama.engine.serving.memory import gib
+from swama.engine.serving.siblings import Siblings
 from swama.engine.serving.threads import THREADS, in_thread
 from swama.engine.serving.timing import TimedForward, TurnClock
 from swama.engine.serving.turn import DecisionBatch, DecisionPrefill, Insert, PromptScore, Turn
@@ -275,6 +276,7 @@ class Scheduler:
         self._sinks: dict[asyncio.AbstractEventLoop, LoopSink] = {}
         self._wake = threading.Condition()
         self._new: deque[_Job] = deque()
+        self._siblings: Siblings[_Job] = Siblings(lambda job: job.request.siblings)  # choices of one request
         self._tasks: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any], Mirror | None]] = deque()
         self._active: dict[int, _Job | None] = {}  # by row id (None: another rank's request, when following)
         self._uid_of: dict[int, int] = {}  # a row's uid in the generation batch, once its prompt is read
@@ -503,12 +505,13 @@ class Scheduler:
                 self.clock.wait()
                 while not (self._closed or self._failed or self._new or self._tasks or self._active or self._held
                            or self._decisions or self._prefills or self._in_flight is not None):
-                    if not self._wake.wait(idle_wait):
+                    if not self._wake.wait(self._siblings.wait(idle_wait)):
                         break
                 self.clock.woke()
                 if self._closed or self._failed:
                     break
-                new = [*self._held, *self._new]  # those waiting for key/value room first
+                # Those waiting for key/value room first; a request's choices only once all have come.
+                new = [*self._held, *self._siblings.admit(self._new)]
                 self._new.clear()
                 self._held.clear()
                 task = self._tasks.popleft() if self._tasks else None
@@ -613,7 +616,7 @@ class Scheduler:
                             "restarted, retry shortly.", code="rank_failed")
         with self._wake:
             self._failed = error
-            jobs = [j for j in (*self._active.values(), *self._new) if j is not None]
+            jobs = [j for j in (*self._active.values(), *self._new, *self._siblings.held()) if j is not None]
             futures = [f for _, f in self._decisions] + [f for _, f, _ in self._tasks]
             if self._running is not None:
                 futures.append(self._running)
@@ -1062,10 +1065,11 @@ class Scheduler:
         self._keeping.clear()
         self._slot_of.clear()
         self._salt_of.clear()
-        for job in [*self._new, *self._held]:
+        for job in [*self._new, *self._held, *self._siblings.held()]:
             job.post(error)
         self._new.clear()
         self._held.clear()
+        self._siblings.clear()
         self._admission = None
         if self._gen is not None:
             self._gen.close()

@@ -87,6 +87,9 @@ class ChatRequest:
     # its slot in the model's adapter bank; set by the engine from the model the request names.
     adapter: str | None = None
     adapter_slot: int = 0
+    # One of a request's several choices: (the request's id, how many choices it has); they join the
+    # batch in the same turn (serving/siblings.py).
+    siblings: tuple[str, int] | None = None
 
     @property
     def effective_context_limit(self) -> int:

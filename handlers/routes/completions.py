@@ -169,18 +169,24 @@ class Choices:
     model_id: str
     job: CompletionJob
     context_limit: int
-    slots: asyncio.Semaphore
+    rows: int  # the batch's rows: at most this many choices generate at once
 
     def __post_init__(self) -> None:
+        self.slots = asyncio.Semaphore(self.rows)
         top = self.job.logprobs
         self.echoes = Echoes(lambda i: read_echo(self.engine, self.model_id, self.job.prompts[i], top))
+        # The choices join the batch together, so a seeded request samples alike each time it runs alone
+        # (when they all fit in the batch's rows at once: `slots`).
+        together = 1 < self.job.choices <= self.rows
+        self.siblings = (uuid.uuid4().hex, self.job.choices) if together else None
 
     def request(self, prompt: Prompt, j: int) -> ChatRequest:
         options = self.job.sampling
         if options.seed is not None:  # a seed names the first choice; the others follow it, so they differ
             options = replace(options, seed=options.seed + j)
         return ChatRequest(messages=[], prompt=prompt, sampling=options, max_tokens=self.job.max_tokens,
-                           stop=self.job.stop, logprobs=self.job.logprobs, context_limit=self.context_limit)
+                           stop=self.job.stop, logprobs=self.job.logprobs, context_limit=self.context_limit,
+                           siblings=self.siblings)
 
     async def choice(self, index: int) -> AsyncIterator[Piece]:
         """One choice's pieces: the echoed prompt, each text delta, the finish."""
@@ -262,7 +268,7 @@ async def create_completion(call: Call, parsed: CreateCompletionRequest) -> Resp
     installed = engine.model_for(job.model, Task.GENERATE)
     settings = call.settings
     rows = max(1, settings.batch_rows if settings.batching else 1)
-    choices = Choices(engine, installed.id, job, settings.context_limit, asyncio.Semaphore(rows))
+    choices = Choices(engine, installed.id, job, settings.context_limit, rows)
     ident, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     if job.stream:
         # Errors before the first piece are still a plain 4xx: every prompt is read first (a token

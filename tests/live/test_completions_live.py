@@ -143,8 +143,11 @@ def test_seeded_sampling_repeats(client: openai.OpenAI) -> None:
                                       seed=seed, n=2)
         return [c.text for c in r.choices]
 
+    # The two choices join the batch together every time (engine/serving/siblings.py): a row's logits
+    # depend in their last bits on the rows beside it, so a choice run alone once would part.
     first = sample(1234)
-    assert sample(1234) == first
+    for _ in range(3):
+        assert sample(1234) == first
     assert first[0] != first[1]  # choice j samples with seed + j
 
 
