@@ -743,9 +743,6 @@ class Scheduler:
         for ins in turn.inserts:
             rid, reused = self._join(ins.ids, ins.budget, ins.sampling, stream,
                                      constraint_processors(self.model, ins.constraint), ins.batch, ins.keep)
-            if reused != ins.reused and not self._own_disk:
-                raise GroupFailed(f"rank {self.group.rank} resumed {reused} cached prompt tokens where rank 0 "
-                                  f"resumed {ins.reused}; the prompt caches differ")
             self._active[rid] = None
             joined.append((rid, reused))
         self._agree_on_resumes(joined)
@@ -876,17 +873,13 @@ class Scheduler:
             self._joined.append((rid, job.reused))
         return held
 
-    @property
-    def _own_disk(self) -> bool:
-        """A split model whose ranks each keep prompt-cache blocks on a disk of their own."""
-        return self.group is not None and self.prompt_cache is not None and self.prompt_cache.disk is not None
-
     def _agree_on_resumes(self, joined: list[tuple[int, int]]) -> None:
-        """On a split model with a disk tier, after a turn's prompts joined (rid, tokens resumed): each
-        rank read its own blocks, and one may hold fewer (still being written, evicted, damaged), so
-        every rank resumes each prompt at the shortest prefix any rank resumed. All ranks call this at
-        the same point of the same turn: the gather is a collective."""
-        if not joined or not self._own_disk:
+        """On a split model with a prompt cache, after a turn's prompts joined (rid, tokens resumed):
+        every rank resumes each prompt at the shortest prefix any rank resumed. Each rank reads its own
+        blocks from disk, and one may hold fewer (still being written, evicted, damaged); a pipeline
+        rank whose first layers are another's caches nothing. All ranks call this at the same point of
+        the same turn: the gather is a collective."""
+        if not joined or self.group is None or self.prompt_cache is None:
             return
         table = self.group.gather([reused for _, reused in joined])
         for (rid, reused), least in zip(joined, (min(column) for column in zip(*table, strict=True)), strict=True):

@@ -164,8 +164,8 @@ def test_eight_streams_are_batched_across_ranks(tiny_ranks: LiveServer, model_se
 
 
 def test_second_turn_resumes_the_prompt_cache_on_every_rank(tiny_ranks: LiveServer) -> None:
-    # Each rank resumes from its own prompt cache; a rank whose cache resumed a different prefix
-    # than rank 0's fails the group, so the second answer arriving means every rank hit.
+    # Each rank resumes from its own prompt cache, and all resume at the shortest prefix any of them
+    # resumed, so cached tokens in the answer mean every rank hit.
     messages = [{"role": "user", "content": "Tell me about the sea in a few words."}]
     first = httpx.post(tiny_ranks.v1 + "/chat/completions", timeout=120, json={
         "model": TINY_ID, "messages": messages, "max_tokens": 8, "temperature": 0}).json()
