@@ -868,7 +868,7 @@ class Scheduler:
         if need:
             self._reserved[rid] = need
         if turn is not None:
-            turn.inserts.append(Insert(ids, job.reused, budget, sampling, job.request.constraint, job.request.batch,
+            turn.inserts.append(Insert(ids, budget, sampling, job.request.constraint, job.request.batch,
                                        job.request.keep_prompt))
             self._joined.append((rid, job.reused))
         return held

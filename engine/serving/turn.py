@@ -18,11 +18,10 @@ from swama.engine.text.grammar import Constraint
 
 @dataclass
 class Insert:
-    """A request joining the batch: its rendered prompt, the prefix rank 0 resumes from its prompt
-    cache (every rank's cache must give the same), its token budget and its sampling."""
+    """A request joining the batch: its rendered prompt, its token budget and its sampling. Each rank
+    resumes it from its own prompt cache; the ranks then agree on the prefix (serving/scheduler.py)."""
 
     ids: list[int]
-    reused: int
     budget: int
     sampling: Sampling
     constraint: Constraint | None = None  # a structured output: every rank masks the same tokens

@@ -282,7 +282,8 @@ class DiskTier:
             "quant": item.quant, "crc": zlib.crc32(payload),
         }).encode()
         path = self._path(item.name)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.part")  # processes may share the folder (replicas)
+        # Named by process and thread: replicas on one machine share the folder.
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.part")
         with open(tmp, "wb") as f:
             f.write(_HEADER.pack(MAGIC, len(header)) + header + payload)
             f.flush()
