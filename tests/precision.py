@@ -11,6 +11,7 @@ stated bound otherwise. bfloat16 keeps 8 significant bits (7 stored and the impl
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 
@@ -36,6 +37,58 @@ def tol(float32: float, bfloat16: float) -> float:
     so a bound that holds for bfloat16 holds for them as well."""
     assert bfloat16 >= float32, "a bfloat16 bound is never tighter than the float32 one"
     return float32 if FULL_F32 else bfloat16
+
+
+# -- two float32 computations of the same values ---------------------------------------------------
+#
+# float32 keeps 24 significant bits: one correctly rounded operation is off by at most u = 2^-24 of its
+# result. Two computations that should agree but sum in another order (another batch shape or
+# composition, a cached prefix against a fresh prefill, chunked reads, a compiled step, another thread
+# count or BLAS) round apart. A sum of K products rounded in another order moves like a random walk,
+# by about sqrt(K) u of its magnitude (Higham's worst case is K u), and the sums along a forward pass
+# add up as independent walks: an output moves by about sqrt(P) u of its magnitude, P the products
+# that feed it (`forward_products`). The largest gap measured was twice that estimate (SmolLM2's
+# base row in a batch of three against mlx-lm alone: 1.0e-3 on logits near 20, on a loaded 2-core
+# CI machine); the bounds allow F32_MARGIN times it, and stay far under the worst case P u.
+F32_UNIT = 2.0 ** -24
+F32_MARGIN = 16
+
+
+def forward_products(layers: int, hidden: int, intermediate: int, head_dim: int, tokens: int) -> int:
+    """The products summed along one logit's path through a dense transformer: per layer the
+    q/k/v/o and gate/up projections sum over the hidden width (6 H), down over the intermediate one
+    (I), attention's scores over a head (d) and its values over the tokens (T); the head over H."""
+    return layers * (6 * hidden + intermediate + head_dim + tokens) + hidden
+
+
+def f32_reordered(magnitude: float, products: int) -> float:
+    """The bound on |a - b| for two float32 computations, in another summation order, of values of
+    at most `magnitude` fed by `products` products (see above)."""
+    return F32_MARGIN * math.sqrt(products) * F32_UNIT * magnitude
+
+
+# SmolLM2-135M (30 layers, H 576, I 1536, heads of 64) over the tests' 2,048-token contexts: logits
+# reach about 32 (below). 16 x sqrt(213,120) x 2^-24 x 32 = 0.014.
+SMOLLM2_PRODUCTS = forward_products(30, 576, 1536, 64, 2048)
+F32_LOGIT = f32_reordered(32, SMOLLM2_PRODUCTS)
+# The tiny random models (2 layers, H 64, I 128, heads of 16, contexts of at most 512): logits under 16.
+TINY_PRODUCTS = forward_products(2, 64, 128, 16, 512)
+F32_TINY_LOGIT = f32_reordered(16, TINY_PRODUCTS)  # 7.0e-4
+# A probability moves by p(1-p) <= 1/4 times the change of its log-odds, which two logits' moves
+# bound by twice one's: half a logit's bound. A log-probability moves by at most two logits' bounds.
+F32_PROBABILITY = F32_LOGIT / 2  # 0.007, SmolLM2
+F32_TINY_PROBABILITY = F32_TINY_LOGIT / 2
+F32_LOGPROB = 2 * F32_LOGIT
+F32_TINY_LOGPROB = 2 * F32_TINY_LOGIT
+
+# -- Python floats ------------------------------------------------------------------------------------
+#
+# Python's floats are float64 (u = 2^-53, 1.1e-16). Values of order one from a few dozen operations on
+# the host (the scorer's and calibration's arithmetic) each add at most one unit roundoff: 1e-12 is
+# thousands of times what they can lose, and far under any mistake in the formula. A value the test
+# writes with six decimals is within half a unit of its last digit of the exact one.
+F64_ARITHMETIC = 1e-12
+SIX_DECIMALS = 5e-7
 
 
 # -- two bfloat16 computations of the same logits -------------------------------------------------
