@@ -1,5 +1,9 @@
 """The routes on a server whose key/value caches are quantized (--kv-bits 8, then 4), held to the same
-assertions as on the full-precision server: the route modules' own tests, run here against it.
+assertions as on the full-precision server: one representative of each route module's own tests, run
+here against it, and the setting's own tests. The route modules test each route's behaviour; these
+test that quantized caches serve it: batched, concurrent and cancelled rows (chat), seeded sampling
+with sibling choices (completions), streamed events with the answer read (responses, Anthropic's
+messages), a prompt cache hit (messages), and decisions.
 
 Decisions read their prompts with full-precision caches whatever --kv-bits says (their caches live
 for one pass), so the decision tests here include the one that compares scores with a direct
@@ -9,38 +13,23 @@ from __future__ import annotations
 
 import re
 
+import anthropic
 import httpx
 import openai
 import pytest
 from conftest import SMOLLM2_ID, TINY_ID
-from test_chat_live import (  # noqa: F401  (collected here, against the quantized server)
-    test_concurrent_clients_and_a_disconnect,
-    test_max_tokens_gives_length,
-    test_non_streaming_answer,
-    test_stop_sequences,
-    test_streaming_answer,
-    test_tool_round_trip,
-)
-from test_completions_live import (  # noqa: F401
-    test_a_stream_gives_the_same_text,
-    test_a_string_prompt,
-    test_prompts_and_n_give_choices_in_openai_order,
-    test_seeded_sampling_repeats,
-    test_the_text_is_its_tokens_text,
-)
+from test_chat_live import test_concurrent_clients_and_a_disconnect  # noqa: F401  (collected here, quantized)
+from test_completions_live import test_seeded_sampling_repeats  # noqa: F401
 from test_decisions_live import (  # noqa: F401
     smollm2,
-    test_deterministic_and_independent_of_chat,
-    test_openai_sdk_decisions,
     test_scores_equal_a_direct_computation,
     test_systemone_with_the_typesafe_sdk,
 )
-from test_responses_live import (  # noqa: F401
-    test_function_call_round_trip,
-    test_non_streaming_response,
-    test_sdk_streaming,
-    test_streaming_events_validate_and_count_up,
+from test_messages_live import (  # noqa: F401
+    test_prompt_cache_reads_show_in_usage,
+    test_stream_events_match_the_sdk_accumulator,
 )
+from test_responses_live import test_streaming_events_validate_and_count_up  # noqa: F401
 
 from live_server import LiveServer, rerun_against_kv_server
 
@@ -50,8 +39,11 @@ pytestmark = pytest.mark.slow
 model_server, _answers_at_4_bits = rerun_against_kv_server()
 
 
-@pytest.fixture(scope="module")
-def client(kv_server: LiveServer) -> openai.OpenAI:
+@pytest.fixture
+def client(request: pytest.FixtureRequest, kv_server: LiveServer) -> openai.OpenAI | anthropic.Anthropic:
+    """The client each collected test expects: its module's own (the messages tests take Anthropic's)."""
+    if request.function.__module__ == "test_messages_live":
+        return anthropic.Anthropic(base_url=kv_server.url, api_key="local", max_retries=0, timeout=300)
     return openai.OpenAI(base_url=kv_server.v1, api_key="sk-local", max_retries=0, timeout=300)
 
 
