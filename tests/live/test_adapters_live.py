@@ -132,6 +132,8 @@ def test_decisions_read_the_adapter_through_the_typesafe_sdk(server: LiveServer)
             return result.nouls["pelican"].noul
 
     adapted, base = asked(PELICAN), asked("smollm2")
+    # The adapter moves it by 0.05 (measured); one that changed nothing would leave the base's own
+    # computation, alone in the same shapes: the same value.
     assert abs(adapted - base) > 1e-3
     direct = httpx.post(server.v1 + "/decisions", timeout=300, json={
         "model": PELICAN, "input": "Someone asks: what is the code word?",

@@ -24,6 +24,7 @@ import httpx
 import pytest
 from conftest import SMOLLM2_ID, install_folder
 from PIL import Image
+from precision import F64_ARITHMETIC
 
 from live_server import LiveServer, start_server
 
@@ -150,7 +151,8 @@ def test_a_decision_is_drawn_as_the_api_answers_it(page, model_server: LiveServe
     assert len(drawn) == 3
     for answer, options in zip(direct.json()["answers"], drawn, strict=True):
         expected = api_options(answer)
-        assert [o["p"] for o in options] == pytest.approx(expected, abs=1e-12)
+        # String(p) gives the JSON's float64 back; 1 - p is float64 on both sides.
+        assert [o["p"] for o in options] == pytest.approx(expected, abs=F64_ARITHMETIC)
         for option, p in zip(options, expected, strict=True):
             assert option["bar"] == pytest.approx(p * option["track"], abs=PIXEL)
         best = max(range(len(expected)), key=lambda i: (expected[i], -i))
@@ -176,7 +178,8 @@ def test_the_label_mass_header_matches_systemone(model_server: LiveServer) -> No
                       "b": {"type": "choice", "instructions": "Which colour?", "criteria": {"green": None, "blue": None}}}})
     masses = [float(m) for m in decisions.headers["x-swama-label-mass"].split(",")]
     answers = systemone.json()["answers"]
-    assert masses == pytest.approx([answers["a"]["x_label_mass"], answers["b"]["x_label_mass"]], rel=1e-3)
+    # The same prompts scored alone in the same shapes: the same masses, repr in the header and JSON alike.
+    assert masses == [answers["a"]["x_label_mass"], answers["b"]["x_label_mass"]]
 
 
 def _run_snippet(kind: str, page, tmp_path: Path, env: dict[str, str] | None = None) -> str:
@@ -440,9 +443,10 @@ def test_tokens_are_drawn_by_probability(page) -> None:
     tokens = page.locator(".msg.assistant .tok")
     drawn = tokens.evaluate_all("ts => ts.map(t => [t.textContent, Number(t.dataset.p), t.getAttribute('tabindex')])")
     assert [t[0] for t in drawn] == ["Hello", " caf", "é", " Bye"]
-    assert [t[1] for t in drawn] == pytest.approx([0.9, 0.2, 0.5 * 0.8, 0.0004])
+    # The page's Math.exp of the JSON's logprobs (summed over the é's two tokens): a few float64 roundings.
+    assert [t[1] for t in drawn] == pytest.approx([0.9, 0.2, 0.5 * 0.8, 0.0004], abs=F64_ARITHMETIC)
     assert [t[2] for t in drawn] == ["0", "-1", "-1", "-1"]  # one tab stop for the reply
-    for i, (_, p, _) in enumerate(drawn):
+    for i, (_, p, _) in enumerate(drawn):  # each channel rounded to an integer by the browser and by _hsl
         assert _background(page, tokens.nth(i)) == pytest.approx(_hsl(p), abs=1)
     assert page.evaluate("state.chat.at(-1)") == {"role": "assistant", "content": "Hello café! Bye"}
 
@@ -526,7 +530,7 @@ def test_live_tokens_with_probabilities(page) -> None:
     # Every token is drawn (an English answer: each token is whole characters), with its logprob.
     assert [t for t, _ in drawn] == [e["token"] for e in entries]
     assert [lp for _, lp in drawn] == [e["logprob"] for e in entries]
-    for i, entry in enumerate(entries):
+    for i, entry in enumerate(entries):  # each colour channel rounded to an integer by the browser and _hsl
         assert entry["logprob"] <= 0 and len(entry["top_logprobs"]) == 5
         assert _background(page, tokens.nth(i)) == pytest.approx(_hsl(math.exp(entry["logprob"])), abs=1)
     # At temperature 0 the model takes its most likely token: the tip's first row, marked as chosen.
@@ -644,7 +648,7 @@ def readings(page) -> list[dict[str, dict]]:
 
 
 def _check_reading(options: list[dict], expected: list[float]) -> None:
-    assert [o["p"] for o in options] == pytest.approx(expected, abs=1e-12)
+    assert [o["p"] for o in options] == pytest.approx(expected, abs=F64_ARITHMETIC)  # as in the decision test
     for option, p in zip(options, expected, strict=True):
         assert option["bar"] == pytest.approx(p * option["track"], abs=PIXEL)
     best = max(range(len(expected)), key=lambda i: (expected[i], -i))

@@ -22,6 +22,9 @@ from precision import (
     BF16_PROBABILITY,
     BF16_TINY_LOGIT_STEP,
     BF16_TINY_PROBABILITY,
+    F32_PROBABILITY,
+    F32_TINY_LOGPROB,
+    F32_TINY_PROBABILITY,
     FULL_F32,
     ON_GPU,
     tol,
@@ -49,10 +52,11 @@ DECISION = {
 RING = ("--rank-backend", "ring")
 # On a GPU a kernel's first use compiles it, which can hold one rank for seconds while the other waits.
 RANK_TIMEOUT = "60" if ON_GPU else "10"
-# bfloat16 (on a GPU): a split sums each layer's products in another order, so the split and the
-# one process round apart as two computations of the same logits do (tests/precision.py).
-TINY_PROBABILITY = tol(1e-4, BF16_TINY_PROBABILITY)
-TINY_LOGPROB = tol(1e-4, 4 * BF16_TINY_LOGIT_STEP)
+# A split sums each layer's products in another order, so the split and the one process round apart
+# as two computations of the same logits do (tests/precision.py), in float32 and in bfloat16 (on a GPU).
+TINY_PROBABILITY = tol(F32_TINY_PROBABILITY, BF16_TINY_PROBABILITY)
+TINY_LOGPROB = tol(F32_TINY_LOGPROB, 4 * BF16_TINY_LOGIT_STEP)
+SMOLLM2_PROBABILITY = tol(F32_PROBABILITY, BF16_PROBABILITY)
 
 
 def _ranked(store: Path, name: str, model: str, *args: str) -> LiveServer:
@@ -307,7 +311,7 @@ def test_smollm2_across_three_ranks_answers_as_one_process(model_store: Path, mo
     server = _ranked(model_store, "smollm2-ranks", SMOLLM2_ID, "--ranks", "3", "--rank-timeout", "120")
     try:
         _same_answers(server, model_server, SMOLLM2_ID, PROMPTS[1:2], max_tokens=6,
-                      probability=tol(1e-4, BF16_PROBABILITY))
+                      probability=SMOLLM2_PROBABILITY)
     finally:
         server.stop()
 
@@ -421,7 +425,8 @@ def test_quantized_caches_across_three_ranks_answer_as_one_process(model_store: 
     server = _ranked(model_store, "smollm2-ranks-kv8", SMOLLM2_ID, "--ranks", "3", "--rank-timeout", "120",
                      "--kv-bits", "8")
     try:
-        _same_answers(server, kv_server, SMOLLM2_ID, PROMPTS[1:2], max_tokens=6, probability=tol(1e-4, BF16_PROBABILITY))
+        _same_answers(server, kv_server, SMOLLM2_ID, PROMPTS[1:2], max_tokens=6,
+                      probability=SMOLLM2_PROBABILITY)
         text = httpx.get(f"{server.url}/metrics", timeout=30).text
         assert f'swama_kv_bits{{model="{SMOLLM2_ID}"}} 8.0' in text
     finally:

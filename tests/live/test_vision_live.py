@@ -295,7 +295,7 @@ NOISE_3MIB = encoded(noise(1024, 1024, seed=7))  # a complete PNG of about 3 MiB
     (["data:image/png;base64,***"], "input[0].content[0] is not valid base64."),
 ])
 def test_decision_image_rules(vision_server: LiveServer, images: list[str], message: str) -> None:
-    assert len(NOISE_3MIB) > 2.7 * MiB
+    assert len(NOISE_3MIB) > 2.7 * MiB  # three of them pass the 8 MiB total: 3 x 2.7 > 8
     r = httpx.post(vision_server.v1 + "/decisions", timeout=60, json={
         "model": QWEN_VL, "input": decision_input(*images), "questions": QUESTIONS[:1]})
     assert (r.status_code, r.json()["error"]) == (400, {"message": message, "type": "invalid_request_error"})

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from conftest import served_schema_accepts
+from precision import F64_ARITHMETIC
 
 from swama.engine.decisions.scorer import (
     DecisionError,
@@ -651,7 +652,8 @@ def test_legend_echoes_original_json_values() -> None:
     answer = answer_from_logprobs("score", [math.log(0.1), math.log(0.1), math.log(0.2)])
     wire = render_systemone_response("m", [("s", question, answer)], 1)
     assert b'"legend":{"0":"plain","1":{"z":1.5,"a":[true,null]},"2":["\xc3\xa9"]}' in wire
-    assert json.loads(wire)["answers"]["s"]["score"] == pytest.approx(1.25)
+    # 1 x 0.25 + 2 x 0.5 from the logprobs, in float64 on the host.
+    assert json.loads(wire)["answers"]["s"]["score"] == pytest.approx(1.25, abs=F64_ARITHMETIC)
 
 
 def _answer(kind: str, probabilities: list[float], **fields: Any) -> ScoredAnswer:
