@@ -90,7 +90,7 @@ def test_a_request_that_waits_too_long_gives_up_with_503_and_leaves_the_queue(st
         with pytest.raises(EngineError) as timed_out:
             async with pool.use(TINY_ID):
                 pass
-        assert 0.25 < time.monotonic() - start < 2
+        assert 0.25 < time.monotonic() - start < 2  # the 0.3 s timeout, less timer slack; far from a hang
         assert timed_out.value.status == 503 and "--queue-timeout" in timed_out.value.message
         assert pool.waiting() == 0
         release.set()

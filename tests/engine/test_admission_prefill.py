@@ -20,6 +20,7 @@ from typing import Any
 import mlx.core as mx
 import pytest
 import scheduled
+from precision import F32_TINY_LOGIT
 
 from swama.engine.serving.admission import ALIGN, MIN_LENGTH, Admission, Pending, bucket
 from swama.engine.serving.scheduler import Scheduler
@@ -156,7 +157,7 @@ def test_prompts_read_together_give_the_logits_each_gives_alone(tiny: Any, bucke
         alone = _fresh(tiny.model)
         tiny.model(mx.array([ids[:-1]]), cache=alone)
         expected, got = _next_logits(tiny, ids, alone), _next_logits(tiny, ids, row)
-        assert mx.abs(expected - got).max().item() < 1e-4
+        assert mx.abs(expected - got).max().item() < F32_TINY_LOGIT  # another batch composition and padding
 
 
 def test_bucketed_admission_in_the_scheduler_gives_the_tokens_of_one_request_alone(tiny: Any) -> None:
@@ -196,4 +197,5 @@ def test_rows_of_a_group_that_finish_early_leave_with_their_own_rows_of_the_cach
     for rid, ids in enumerate(prompts):
         alone = _fresh(tiny.model)
         tiny.model(mx.array([ids[:-1]]), cache=alone)
-        assert mx.abs(_next_logits(tiny, ids, alone) - _next_logits(tiny, ids, caches[rid])).max().item() < 1e-4
+        # Read in a group of two and in chunks against alone: float32 sums in another order.
+        assert mx.abs(_next_logits(tiny, ids, alone) - _next_logits(tiny, ids, caches[rid])).max().item() < F32_TINY_LOGIT

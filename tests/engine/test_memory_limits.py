@@ -40,8 +40,9 @@ def test_the_estimate_counts_weights_at_the_dtype_they_are_computed_in(smollm2_d
     # The folder holds one floating dtype (float32 on the CPU, bfloat16 on a GPU); cast to float32,
     # each weight takes 4 bytes.
     [dtype] = {w.dtype for w in mx.load(str(next(smollm2_dir.glob("*.safetensors")))).values()}
-    assert abs(as_float32 - 4 / dtype.size * as_stored) < 0.01 * as_stored
-    assert model_bytes(smollm2_dir, 2) == pytest.approx(2 / dtype.size * as_stored, rel=0.01)
+    # Every tensor is of that dtype: the byte counts scale exactly (whole numbers times 1/2, 1 or 2).
+    assert as_float32 == 4 / dtype.size * as_stored
+    assert model_bytes(smollm2_dir, 2) == 2 / dtype.size * as_stored
 
 
 def test_a_load_that_does_not_fit_evicts_idle_models_first(store_root: Path, tiny_model_dir: Path) -> None:

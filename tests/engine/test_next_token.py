@@ -5,6 +5,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
+from precision import f32_reordered
 
 from swama.engine.decisions.next_token import reduce_rows
 from swama.engine.decisions.scorer import DecisionError, label_logprobs, logprobs_from_reduction
@@ -19,7 +20,9 @@ def test_rows_reduce_to_the_host_logprobs():
         host = label_logprobs(z, ids)
         device = logprobs_from_reduction(row.top, row.total, row.labels)
         assert len(device) == len(ids)
-        assert np.allclose(device, host, rtol=0, atol=1e-6)
+        # The device's and numpy's float32 sums of 49,152 exps in another order: the log-sum-exp moves
+        # by their relative gap (measured 7e-7).
+        assert np.allclose(device, host, rtol=0, atol=f32_reordered(1, logits.shape[1]))
         assert row.top == float(z.max()) and not row.opener
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
+from precision import F32_TINY_PROBABILITY
 
 from swama.engine.decisions.decide import DecisionRun
 from swama.engine.decisions.rerank import QWEN3_RERANKER, RerankJob, card_format, decision_job
@@ -58,7 +59,8 @@ def test_qwen3_rerankers_score_is_its_cards_own(qwen3: LoadedModel) -> None:
         assert prompt.endswith(f"<Document>: {document}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
         logits = qwen3.model(mx.array([tokenizer.encode(prompt)]))[0, -1].astype(mx.float32)
         expected = mx.softmax(mx.array([logits[yes], logits[no]]))[0].item()
-        assert abs(score - expected) < 1e-4, (document, score, expected)
+        # The shared prefix and batched suffixes against one plain forward: float32 sums in another order.
+        assert abs(score - expected) < F32_TINY_PROBABILITY, (document, score, expected)
     assert shared > 30  # the card's system prompt, instruction and query: prefilled once
 
 

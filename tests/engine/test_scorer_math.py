@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import pytest
+from precision import F64_ARITHMETIC, SIX_DECIMALS
 
 from swama.engine.decisions.scorer import (
     DecisionError,
@@ -23,6 +24,8 @@ from swama.engine.decisions.scorer import (
 
 INVALID_NEXT_TOKEN_LOGITS = "The model returned invalid next-token logits."
 INVALID_DECISION_LOGITS = "The model returned invalid decision logits."
+# A log, an exp and a sum or a division of values under 1: a few float64 roundings of u = 1.1e-16 each.
+FEW_ROUNDINGS = 1e-15
 
 
 def _lp(probabilities: Sequence[float], scale: float = 0.6) -> list[float]:
@@ -60,10 +63,10 @@ def test_confidence_table(probabilities: list[float], choice: float, score: floa
     lp = _lp(probabilities)
     choice_answer = answer_from_logprobs("choice", lp)
     score_answer = answer_from_logprobs("score", lp)
-    assert choice_answer.confidence == pytest.approx(choice, abs=1e-12)
-    assert score_answer.confidence == pytest.approx(score, abs=1e-12)
-    assert choice_answer.mass == pytest.approx(0.6, abs=1e-12)
-    assert choice_answer.probabilities == pytest.approx(probabilities, abs=1e-12)
+    assert choice_answer.confidence == pytest.approx(choice, abs=F64_ARITHMETIC)
+    assert score_answer.confidence == pytest.approx(score, abs=F64_ARITHMETIC)
+    assert choice_answer.mass == pytest.approx(0.6, abs=F64_ARITHMETIC)
+    assert choice_answer.probabilities == pytest.approx(probabilities, abs=F64_ARITHMETIC)
 
 
 # More math cases -----------------------------------------------------------------------------
@@ -72,22 +75,22 @@ def test_confidence_table(probabilities: list[float], choice: float, score: floa
 def test_small_label_mass_keeps_the_confidence() -> None:
     lp = _lp([0.7, 0.2, 0.1], scale=0.01)
     answer = answer_from_logprobs("choice", lp)
-    assert answer.confidence == pytest.approx(0.55, abs=1e-12)
-    assert answer.mass == pytest.approx(0.01, abs=1e-15)
+    assert answer.confidence == pytest.approx(0.55, abs=F64_ARITHMETIC)
+    assert answer.mass == pytest.approx(0.01, abs=FEW_ROUNDINGS)
 
 
 def test_minus_infinity_labels_are_allowed() -> None:
     answer = answer_from_logprobs("choice", [math.log(0.001), -math.inf, -math.inf])
     assert answer.probabilities == (1.0, 0.0, 0.0)
     assert answer.confidence == 1.0
-    assert answer.mass == pytest.approx(0.001, abs=1e-15)
+    assert answer.mass == pytest.approx(0.001, abs=FEW_ROUNDINGS)
 
 
 def test_yes_no_probability_is_conditional_on_the_two_labels() -> None:
     answer = answer_from_logprobs("yes_no", [math.log(0.377), math.log(0.095)])
-    assert answer.mass == pytest.approx(0.472, abs=1e-15)
-    assert answer.p_yes == pytest.approx(0.377 / 0.472, abs=1e-15)
-    assert answer.probabilities[1] == pytest.approx(0.095 / 0.472, abs=1e-15)
+    assert answer.mass == pytest.approx(0.472, abs=FEW_ROUNDINGS)
+    assert answer.p_yes == pytest.approx(0.377 / 0.472, abs=FEW_ROUNDINGS)
+    assert answer.probabilities[1] == pytest.approx(0.095 / 0.472, abs=FEW_ROUNDINGS)
     assert (answer.kind, answer.confidence, answer.score, answer.choice_index) == ("yes_no", None, None, 0)
 
 
@@ -101,7 +104,7 @@ def test_ties_go_to_the_first_option() -> None:
     assert answer_from_logprobs("choice", [math.log(0.2), math.log(0.3), math.log(0.3)]).choice_index == 1
     assert answer_from_logprobs("choice", [math.log(0.25)] * 4).choice_index == 0
     assert first_argmax([0.1, 0.5, 0.5, 0.2]) == 1
-    assert score_confidence([0.4, 0.4, 0.1, 0.1]) == pytest.approx(0.1, abs=1e-12)  # mode 0, not 1
+    assert score_confidence([0.4, 0.4, 0.1, 0.1]) == pytest.approx(0.1, abs=F64_ARITHMETIC)  # mode 0, not 1
 
 
 @pytest.mark.parametrize(
@@ -130,16 +133,16 @@ def test_mass_bound_is_1_000001() -> None:
 
 
 def test_sglang_confidence_cases() -> None:
-    assert score_confidence([0, 0.14, 0.86, 0, 0]) == pytest.approx(1 - 0.14 / 1.2, abs=1e-12)
-    assert score_confidence([0, 0, 0.48, 0.52]) == pytest.approx(0.52, abs=1e-12)
+    assert score_confidence([0, 0.14, 0.86, 0, 0]) == pytest.approx(1 - 0.14 / 1.2, abs=F64_ARITHMETIC)
+    assert score_confidence([0, 0, 0.48, 0.52]) == pytest.approx(0.52, abs=F64_ARITHMETIC)
     assert score_confidence([0.5, 0, 0, 0, 0.5]) == 0
-    assert choice_confidence([0.25] * 4) == pytest.approx(0, abs=1e-12)
-    assert choice_confidence([0.1, 0.9]) == pytest.approx(0.8, abs=1e-12)
+    assert choice_confidence([0.25] * 4) == pytest.approx(0, abs=F64_ARITHMETIC)
+    assert choice_confidence([0.1, 0.9]) == pytest.approx(0.8, abs=F64_ARITHMETIC)
     assert choice_confidence([1.0]) == score_confidence([1.0]) == 1.0
 
 
 def test_confidence_renormalises_and_handles_zero_sums() -> None:
-    assert choice_confidence([0.35, 0.1, 0.05]) == pytest.approx(0.55, abs=1e-12)
+    assert choice_confidence([0.35, 0.1, 0.05]) == pytest.approx(0.55, abs=F64_ARITHMETIC)
     assert choice_confidence([0.0, 0.0]) == 0.0
     assert score_confidence([0.0, 0.0, 0.0]) == 0.0
 
@@ -153,17 +156,17 @@ def _stub(n: int) -> list[float]:
 
 def test_stub_backend_two_labels() -> None:
     answer = answer_from_logprobs("yes_no", _stub(2))
-    assert answer.probabilities == pytest.approx([0.6, 0.4], abs=1e-12)
-    assert answer.mass == pytest.approx(0.5, abs=1e-12)
+    assert answer.probabilities == pytest.approx([0.6, 0.4], abs=F64_ARITHMETIC)
+    assert answer.mass == pytest.approx(0.5, abs=F64_ARITHMETIC)
 
 
 def test_stub_backend_three_labels() -> None:
     choice = answer_from_logprobs("choice", _stub(3))
     score = answer_from_logprobs("score", _stub(3))
-    assert choice.probabilities == pytest.approx([0.461538, 0.307692, 0.230769], abs=1e-6)
-    assert choice.mass == pytest.approx(0.65, abs=1e-12)
-    assert choice.confidence == pytest.approx(0.192308, abs=1e-6)
-    assert score.score == pytest.approx(0.769231, abs=1e-6)
+    assert choice.probabilities == pytest.approx([0.461538, 0.307692, 0.230769], abs=SIX_DECIMALS)
+    assert choice.mass == pytest.approx(0.65, abs=F64_ARITHMETIC)
+    assert choice.confidence == pytest.approx(0.192308, abs=SIX_DECIMALS)
+    assert score.score == pytest.approx(0.769231, abs=SIX_DECIMALS)
     assert score.confidence == 0
 
 
@@ -182,32 +185,35 @@ def _vocab_with(
 
 def test_raw_logits_yes_no() -> None:
     z, ids = _vocab_with([24.25, 22.875])
-    assert answer_from_logits("yes_no", z, ids).p_yes == pytest.approx(0.798187, abs=1e-6)
+    assert answer_from_logits("yes_no", z, ids).p_yes == pytest.approx(0.798187, abs=SIX_DECIMALS)
 
 
 def test_raw_logits_choice() -> None:
     z, ids = _vocab_with([29.5, 26.375, 23.5])
     answer = answer_from_logits("choice", z, ids)
-    assert answer.probabilities == pytest.approx([0.955643, 0.041988, 0.002369], abs=1e-6)
+    assert answer.probabilities == pytest.approx([0.955643, 0.041988, 0.002369], abs=SIX_DECIMALS)
     assert answer.choice_index == 0
-    assert answer.confidence == pytest.approx(0.933465, abs=1e-6)
+    assert answer.confidence == pytest.approx(0.933465, abs=SIX_DECIMALS)
 
 
 def test_raw_logits_score() -> None:
     z, ids = _vocab_with([21.75, 23.25, 22.375, 21.75, 20.125])
     answer = answer_from_logits("score", z, ids)
-    assert answer.probabilities == pytest.approx([0.117002, 0.524368, 0.218589, 0.117002, 0.023039], abs=1e-6)
-    assert answer.score == pytest.approx(1.404708, abs=1e-6)
-    assert answer.confidence == pytest.approx(0.467739, abs=1e-6)
+    assert answer.probabilities == pytest.approx([0.117002, 0.524368, 0.218589, 0.117002, 0.023039], abs=SIX_DECIMALS)
+    assert answer.score == pytest.approx(1.404708, abs=SIX_DECIMALS)
+    assert answer.confidence == pytest.approx(0.467739, abs=SIX_DECIMALS)
 
 
 def test_label_logprobs_are_against_the_full_vocabulary() -> None:
     z, ids = _vocab_with([3.0, 1.5, -2.0], size=50_000, seed=3)
     reference = np.logaddexp.reduce(z.astype(np.float64))
     lp = label_logprobs(z, ids)
+    # numpy sums the 50,000 float32 exps pairwise (under 30 roundings deep: 1.8e-6 relative) and each
+    # exp's argument rounds by under 5e-7: the log-sum-exp is off by under 3e-6.
     assert lp == pytest.approx([float(z[i]) - reference for i in ids], abs=1e-5)
     assert all(isinstance(x, float) for x in lp)
-    assert label_logprobs([0.0, 0.0], [0, 1]) == pytest.approx([-math.log(2)] * 2, abs=1e-7)
+    # float32 sums 1 + 1 exactly; the log is taken in float64.
+    assert label_logprobs([0.0, 0.0], [0, 1]) == pytest.approx([-math.log(2)] * 2, abs=F64_ARITHMETIC)
 
 
 def test_probabilities_do_not_depend_on_the_rest_of_the_vocabulary() -> None:
@@ -215,8 +221,8 @@ def test_probabilities_do_not_depend_on_the_rest_of_the_vocabulary() -> None:
     high = low.copy()
     high[1000:1010] = 30.0
     a, b = answer_from_logits("yes_no", low, ids), answer_from_logits("yes_no", high, ids)
-    assert a.probabilities == pytest.approx(b.probabilities, abs=1e-12)
-    assert b.mass < 1e-10 < a.mass
+    assert a.probabilities == pytest.approx(b.probabilities, abs=F64_ARITHMETIC)
+    assert b.mass < 1e-10 < a.mass  # e^2 + e against ten logits of 30: 1e-13; against the rest: about 0.02
 
 
 def _with(z: np.ndarray, index: int, value: float) -> np.ndarray:

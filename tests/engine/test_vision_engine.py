@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-from precision import BF16_TINY_PROBABILITY, tol
+from precision import BF16_TINY_PROBABILITY, f32_reordered, forward_products, tol
 
 from swama.engine.decisions.decide import DecisionJob, DecisionRun
 from swama.engine.decisions.scorer import (
@@ -25,10 +25,11 @@ from swama.engine.model import LoadedModel
 from swama.engine.serving.loaders import load_model
 from swama.engine.text.generator import ChatRequest, Finished, Sampling, generate
 
-# bf16: one shared encoding and prefix against one per question round the tiny models' logits
-# (steps of 0.0625 under 16) apart, by up to four steps on a log-odds; a probability moves by at
-# most a quarter of that.
-BOUND = tol(1e-4, BF16_TINY_PROBABILITY)
+# One shared encoding and prefix against one per question round the tiny models' logits apart.
+# float32: another summation order through their 4-layer text stacks (F32_TINY_PROBABILITY counts 2),
+# logits under 16, a probability moving by half a logit's bound; bf16: steps of 0.0625 under 16, by up
+# to four steps on a log-odds; a probability moves by at most a quarter of that.
+BOUND = tol(f32_reordered(16, forward_products(4, 64, 128, 16, 512)) / 2, BF16_TINY_PROBABILITY)
 ARCHS = ("qwen3_5_vl", "gemma3_vl")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from precision import F64_ARITHMETIC
 
 from tools.bench import speculative as bench
 from tools.bench.chat import Sample
@@ -56,9 +57,9 @@ def test_draft_figures_from_metric_deltas() -> None:
     after = {k: v * 2 for k, v in before.items()}
     drafting = bench.classify_metrics(bench.draft_metrics(bench.metric_deltas(before, after)))
     assert (drafting.drafted, drafting.accepted, drafting.steps, drafting.plain_steps) == (200, 120, 40, 60)
-    assert drafting.acceptance == pytest.approx(0.6)
+    assert drafting.acceptance == pytest.approx(0.6, abs=F64_ARITHMETIC)
     drafting.decode_tokens = 250
-    assert drafting.tokens_per_step == pytest.approx(2.5)
+    assert drafting.tokens_per_step == pytest.approx(2.5, abs=F64_ARITHMETIC)
 
 
 def test_other_counter_names_are_read_too() -> None:
@@ -66,8 +67,8 @@ def test_other_counter_names_are_read_too() -> None:
               "speculative_verify_steps_total": 8.0, "speculative_emitted_tokens_total": 48.0,
               "unrelated_total": 5.0}
     drafting = bench.classify_metrics(deltas)
-    assert drafting.acceptance == pytest.approx(0.75)
-    assert drafting.tokens_per_step == pytest.approx(6.0)
+    assert drafting.acceptance == pytest.approx(0.75, abs=F64_ARITHMETIC)
+    assert drafting.tokens_per_step == pytest.approx(6.0, abs=F64_ARITHMETIC)
     assert bench.classify_metrics({"swama_generated_tokens_total": 9.0}) == bench.Drafting()
 
 
@@ -92,7 +93,7 @@ def test_level_falls_back_to_usage_and_compares_texts() -> None:
     assert level.drafting_sources() == {"usage"} and level.tokens_per_second == 5.5
     other = bench.Level("a", 1, [_result(1, "x", 11), _result(2, "y", 3)], wall=1.0)
     assert bench.same_text([level], [other]) == (1, 1)
-    assert bench.round_ratios([level], [other]) == [pytest.approx(5.5 / 14)]
+    assert bench.round_ratios([level], [other]) == [pytest.approx(5.5 / 14, abs=F64_ARITHMETIC)]
 
 
 def test_spread_and_its_format() -> None:

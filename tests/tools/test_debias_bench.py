@@ -10,6 +10,7 @@ import re
 from collections import Counter
 
 import pytest
+from precision import F64_ARITHMETIC
 
 from swama.engine.client import check_choice_option_names, decision_choice_view, predicate_view
 from swama.generated.decisions_models import (
@@ -170,9 +171,9 @@ def test_total_variation_on_hand_cases():
     p = {"a": 0.5, "b": 0.5}
     assert debias.total_variation(p, p) == 0
     assert debias.total_variation({"a": 1.0, "b": 0.0}, {"a": 0.0, "b": 1.0}) == 1
-    assert debias.total_variation({"a": 0.6, "b": 0.4}, {"b": 0.6, "a": 0.4}) == pytest.approx(0.2)
+    assert debias.total_variation({"a": 0.6, "b": 0.4}, {"b": 0.6, "a": 0.4}) == pytest.approx(0.2, abs=F64_ARITHMETIC)
     answers = [{"a": 1.0, "b": 0.0}, {"a": 0.0, "b": 1.0}, {"a": 1.0, "b": 0.0}]
-    assert debias.mean_pairwise_tv(answers) == pytest.approx(2 / 3)  # pairs: 1, 0, 1
+    assert debias.mean_pairwise_tv(answers) == pytest.approx(2 / 3, abs=F64_ARITHMETIC)  # pairs: 1, 0, 1
     assert debias.mean_pairwise_tv(answers[:1]) == 0
 
 
@@ -191,10 +192,10 @@ def test_consistency_counts_questions_and_positions():
     assert measured.consistent() == (1, 2) and measured.consistent(3) == (1, 2) and measured.consistent(4) == (0, 0)
     assert measured.share == 0.5
     assert measured.first_position_share == 0.75
-    assert measured.chance_first == pytest.approx(1 / 3)
-    assert measured.accuracy == 0.5 and measured.chance == pytest.approx(1 / 3)  # the known question only
+    assert measured.chance_first == pytest.approx(1 / 3, abs=F64_ARITHMETIC)
+    assert measured.accuracy == 0.5 and measured.chance == pytest.approx(1 / 3, abs=F64_ARITHMETIC)  # the known question only
     first = 0.5 * (0.4 + 0.4 + 0)  # {a .7 b .2 c .1} against {a .3 b .6 c .1}
-    assert measured.mean_tv == pytest.approx((first + 0) / 2)
+    assert measured.mean_tv == pytest.approx((first + 0) / 2, abs=F64_ARITHMETIC)
     assert not math.isnan(measured.mean_tv)
 
 
