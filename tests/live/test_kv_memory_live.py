@@ -86,7 +86,8 @@ def test_a_request_waits_for_room_and_then_runs(store: Path, tmp_path: Path, smo
         assert all(e.wait(120) for e in started)
         third: dict[str, httpx.Response] = {}
         waiter = threading.Thread(target=lambda: third.setdefault("r", httpx.post(
-            f"{server.v1}/completions", json={**body, "stream": False, "max_tokens": 450}, timeout=300)))
+            f"{server.v1}/completions", json={**body, "stream": False, "max_tokens": 450, "stop": [","]},
+            timeout=300)))  # it reserves 450 tokens; once it runs, its first comma ends it
         waiter.start()
         deadline = time.monotonic() + 60
         while gauge(server, "swama_kv_waiting") < 1:
