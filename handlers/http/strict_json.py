@@ -4,6 +4,7 @@ Compared with ``json.loads`` this keeps object members in their original order (
 refuses duplicate keys at any depth (compared after escape decoding, so ``"a"`` and ``"\\u0061"``
 collide), refuses ``NaN``/``Infinity``/``-Infinity`` and numbers that overflow to infinity,
 refuses lone UTF-16 surrogates and invalid UTF-8, and refuses nesting deeper than ``MAX_DEPTH``.
+Every step runs in time linear in the body (C's JSON scanner, then one walk over the containers).
 Each failure carries the rule that failed so every route can word its own message.
 """
 
@@ -11,10 +12,8 @@ from __future__ import annotations
 
 import json
 import math
-import operator
 import re
 from enum import Enum
-from itertools import accumulate, count
 from typing import Any
 
 MAX_DEPTH = 256
@@ -38,20 +37,20 @@ class StrictJSONError(ValueError):
         super().__init__(detail or (rule.value if key is None else f"{rule.value}: {key!r}"))
 
 
-_STRING_LITERAL = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
-# Openers become 2 and closers 0, so the running sum minus the bracket count is the depth.
-_BRACKET_STEPS = bytes.maketrans(b"[{]}", b"\x02\x02\x00\x00")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _too_deep(body: bytes) -> bool:
-    """Whether containers nest deeper than MAX_DEPTH (strings are skipped; C-speed throughout)."""
-    if body.count(b"[") + body.count(b"{") <= MAX_DEPTH:
-        return False
-    brackets = _STRING_LITERAL.sub(b"", body).translate(None, _NOT_BRACKETS)
-    steps = brackets.translate(_BRACKET_STEPS)
-    return max(map(operator.sub, accumulate(steps), count(1)), default=0) > MAX_DEPTH
+def _too_deep(value: Any) -> bool:
+    """Whether the parsed containers nest deeper than MAX_DEPTH: one walk over the containers, after
+    `json.loads` has read the body in linear time (its own recursion bound ends far deeper bodies)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return True
+        members = item.values() if isinstance(item, dict) else item
+        stack.extend((m, depth + 1) for m in members if isinstance(m, dict | list))
+    return False
 
 
 def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -104,8 +103,6 @@ def parse_strict_json(body: bytes | str) -> JSONValue:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise StrictJSONError(JSONRule.INVALID, detail=f"the body is not UTF-8 ({exc.reason})") from None
-    if _too_deep(raw):
-        raise StrictJSONError(JSONRule.TOO_DEEP)
     try:
         value = json.loads(
             text,
@@ -115,8 +112,13 @@ def parse_strict_json(body: bytes | str) -> JSONValue:
         )
     except StrictJSONError:
         raise
-    except (ValueError, RecursionError) as exc:
+    except RecursionError:  # nested past the interpreter's own bound, far past MAX_DEPTH
+        raise StrictJSONError(JSONRule.TOO_DEEP) from None
+    except ValueError as exc:
         raise StrictJSONError(JSONRule.INVALID, detail=str(exc)) from None
+    # Fewer brackets than the limit cannot nest past it (counted at C speed); else walk the containers.
+    if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH and isinstance(value, dict | list) and _too_deep(value):
+        raise StrictJSONError(JSONRule.TOO_DEEP)
     # Escaped surrogates are the only way to spell one in valid UTF-8 JSON.
     if b"\\u" in raw and _has_lone_surrogate(value):
         raise StrictJSONError(JSONRule.INVALID, detail="a string holds a lone UTF-16 surrogate")

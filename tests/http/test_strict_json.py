@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from swama.handlers.http.strict_json import MAX_DEPTH, JSONRule, StrictJSONError, parse_strict_json
@@ -108,3 +111,25 @@ def test_brackets_inside_strings_do_not_count_towards_depth() -> None:
 
 def test_many_shallow_containers_are_not_too_deep() -> None:
     parse_strict_json(b"[" + b",".join([b"[1]"] * 5000) + b"]")
+
+
+def test_an_unterminated_string_of_escaped_quotes_is_refused_in_linear_time() -> None:
+    """4 MB of `\\"` pairs in a string that never ends, behind more brackets than the depth limit.
+    Skipping strings with a regular expression before parsing retried from every quote, quadratic in
+    the body (16 KB took 1.0-1.6 s, 32 KB 3.9 s, so this body would take days); read by the JSON
+    scanner it takes milliseconds. The 60 s bound is thousands of times that, and
+    unreachable unless the work is quadratic again. It runs in a process of its own: the regular
+    expression held the GIL, so a thread of this one could not have been waited for."""
+    code = ("from swama.handlers.http.strict_json import MAX_DEPTH, StrictJSONError, parse_strict_json\n"
+            "try:\n"
+            "    parse_strict_json(b'[' * (MAX_DEPTH + 44) + b'\"' + b'\\\\\"' * 2_000_000)\n"
+            "except StrictJSONError as e:\n"
+            "    print(e.rule.name)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "INVALID", done.stderr
+
+
+def test_nesting_far_past_the_limit_is_too_deep_not_a_crash() -> None:
+    assert _rule(_nested_arrays(100_000)) == (JSONRule.TOO_DEEP, None)
+    assert _rule(b"[" * 100_000) == (JSONRule.TOO_DEEP, None)  # unterminated too
+    assert _rule(b'{"a":' * 300 + b"1" + b"}" * 300) == (JSONRule.TOO_DEEP, None)
