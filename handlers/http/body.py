@@ -1,9 +1,13 @@
-"""Reading a request's body: within its route's size limit, decoded from zstd or gzip, before anything
-parses it; a body past the limit is refused unread when its length is declared."""
+"""Reading a request's body: within its route's size limit, decoded from zstd or gzip (the decoded
+size held to the same limit as it is decoded), before anything parses it; a body past the limit is
+refused unread when its length is declared."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from fastapi import Request
+from starlette.concurrency import run_in_threadpool
 
 from swama.handlers.http.errors import ApiError, bad_request
 
@@ -29,30 +33,60 @@ def _limit_key(path: str) -> str:
     return "/v1/systemone" if CLEF_RUN in path else path
 
 
-def _decode(body: bytes, encoding: str) -> bytes:
+def _decode(body: bytes, encoding: str, limit: int, too_large: ApiError) -> bytes:
+    """The body decoded, stopping as soon as its output passes `limit`: a small compressed body never
+    expands in memory past its route's limit, whatever size its frames claim."""
     encoding = encoding.strip().lower()
     if encoding in ("", "identity"):
         return body
     if encoding == "zstd":
+        import io
+
         import zstandard
 
         try:
-            # Bounded so a small compressed body cannot expand past the route's limit.
-            return zstandard.ZstdDecompressor().decompress(body, max_output_size=DEFAULT_BODY_LIMIT + 1)
+            # A stream reader decodes block by block; one-shot decompression allocates the size a
+            # frame's header claims (1 TiB ended in a MemoryError) before reading anything.
+            with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(body), read_across_frames=True) as reader:
+                return _bounded(iter(lambda: reader.read(MiB), b""), limit, too_large)
         except zstandard.ZstdError as exc:
             raise bad_request(f"Malformed request: the zstd body does not decode ({exc})",
                               code="invalid_encoding") from None
     if encoding == "gzip":
-        import gzip
         import zlib
 
         try:
-            return gzip.decompress(body)
-        except (OSError, EOFError, zlib.error) as exc:
+            return _bounded(_gunzip(body), limit, too_large)
+        except zlib.error as exc:
             raise bad_request(f"Malformed request: the gzip body does not decode ({exc})",
                               code="invalid_encoding") from None
     raise ApiError(415, f"Content-Encoding '{encoding}' is not supported; send zstd, gzip or no encoding.",
                    code="unsupported_encoding")
+
+
+def _gunzip(body: bytes) -> Iterator[bytes]:
+    """The inflated bytes of every gzip member in turn, at most a MiB at a time."""
+    import zlib
+
+    data = body
+    while data:
+        member = zlib.decompressobj(wbits=31)
+        while data and not member.eof:
+            yield member.decompress(data, MiB)
+            data = member.unconsumed_tail
+        if not member.eof:
+            raise zlib.error("the gzip body ends inside a member")
+        data = member.unused_data
+
+
+def _bounded(parts: Iterator[bytes], limit: int, too_large: ApiError) -> bytes:
+    out, size = [], 0
+    for part in parts:
+        size += len(part)
+        if size > limit:
+            raise too_large
+        out.append(part)
+    return b"".join(out)
 
 
 async def read_body(request: Request, path: str) -> bytes:
@@ -69,7 +103,6 @@ async def read_body(request: Request, path: str) -> bytes:
         if size > limit:
             raise too_large
         chunks.append(chunk)
-    body = _decode(b"".join(chunks), request.headers.get("content-encoding", ""))
-    if len(body) > limit:
-        raise too_large
-    return body
+    # Decoding is heavy work: it runs in Starlette's bounded thread pool, off the event loop.
+    return await run_in_threadpool(_decode, b"".join(chunks), request.headers.get("content-encoding", ""), limit,
+                                   too_large)

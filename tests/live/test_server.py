@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import gzip
 import json
+import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -131,6 +134,38 @@ def test_zstd_bodies_are_decoded(empty_server: LiveServer) -> None:
     assert r.status_code == 400 and "bogus" in assert_error_shape("/v1/systemone", r)
     r = httpx.post(empty_server.v1 + "/systemone", content=b"not zstd", headers={"content-encoding": "zstd"})
     assert r.status_code == 400
+
+
+def test_a_zstd_frame_claiming_a_tebibyte_is_a_400(empty_server: LiveServer) -> None:
+    """A 17-byte zstd frame whose header claims 1 TiB of content: decoded block by block, it ends in a
+    clear 400 (decompressing it in one call allocated the claimed size first: a MemoryError, a 500)."""
+    data = b"{}"
+    frame = (bytes.fromhex("28b52ffd") + bytes([0xE0]) + (2 ** 40).to_bytes(8, "little")
+             + ((len(data) << 3) | 1).to_bytes(3, "little") + data)  # single segment, 8-byte size, one raw block
+    r = httpx.post(empty_server.v1 + "/chat/completions", content=frame,
+                   headers={"content-encoding": "zstd", "content-type": "application/json"})
+    assert r.status_code == 400 and "zstd" in r.json()["error"]["message"], r.text
+
+
+def _peak_rss(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"^VmHWM:\s+(\d+) kB", status, re.M).group(1)) * 1024
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the server's peak memory from /proc")
+def test_a_gzip_bomb_stops_at_the_body_limit_without_inflating_it(empty_server: LiveServer) -> None:
+    """Eight gzip members of 256 MiB of zeros each (2 GiB inflated, 2 MB sent): inflating stops as
+    the output passes the route's 64 MiB, so the server's peak memory grows by far less than the bomb
+    (inflating it whole, as before, raised the peak by the full 2 GiB)."""
+    member = gzip.compress(bytes(256 * MiB), compresslevel=1)
+    before = _peak_rss(empty_server.process.pid)
+    r = httpx.post(empty_server.v1 + "/chat/completions", content=member * 8, timeout=120,
+                   headers={"content-encoding": "gzip", "content-type": "application/json"})
+    assert r.status_code == 413, r.text
+    assert _peak_rss(empty_server.process.pid) - before < 512 * MiB
+    truncated = httpx.post(empty_server.v1 + "/chat/completions", content=gzip.compress(b"{}")[:-9],
+                           headers={"content-encoding": "gzip", "content-type": "application/json"})
+    assert truncated.status_code == 400 and "gzip" in truncated.json()["error"]["message"]
 
 
 def test_chat_with_a_model_that_is_not_installed_is_404(empty_server: LiveServer) -> None:
