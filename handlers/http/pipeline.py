@@ -15,6 +15,7 @@ spec by `x-swama-handler: "module:function"` (resolved under swama.handlers) and
 
 from __future__ import annotations
 
+import hmac
 import importlib
 import logging
 import uuid
@@ -146,12 +147,17 @@ def validate(model: type[pydantic.BaseModel], rules: RouteRules, data: Any) -> p
     return parsed
 
 
+def _same_secret(given: str, expected: str) -> bool:
+    """Compared in constant time: how long a wrong key took to refuse says nothing of the right one."""
+    return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), expected.encode("utf-8", "surrogatepass"))
+
+
 def _check_key(op: Operation, request: Request, settings: ServerSettings) -> None:
-    if not settings.api_key or request.headers.get("authorization", "") == f"Bearer {settings.api_key}":
+    if not settings.api_key or _same_secret(request.headers.get("authorization", ""), f"Bearer {settings.api_key}"):
         return
     if op.family == "anthropic":
         # Anthropic's clients send the key as x-api-key; a bearer token is taken as on every route.
-        if request.headers.get("x-api-key", "") == settings.api_key:
+        if _same_secret(request.headers.get("x-api-key", ""), settings.api_key):
             return
         raise ApiError(401, "Missing or wrong API key: send 'x-api-key: <key>' or 'Authorization: Bearer <key>'.",
                        code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}, kind="authentication_error")

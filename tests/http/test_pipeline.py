@@ -83,3 +83,33 @@ def test_form_fields_are_typed_from_the_model() -> None:
     assert forms._form_value("x", kinds["temperature"]) == "x"  # the model refuses it
     assert forms._form_value("null", kinds["chunking_strategy"]) is None
     assert forms._form_value("0.5", kinds["model"]) == "0.5"  # text stays text
+
+
+def test_the_key_is_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every key a request sends, as a bearer token or Anthropic's x-api-key, is compared with
+    hmac.compare_digest (whose time does not depend on where the strings part), never with ==."""
+    from starlette.requests import Request
+
+    from swama.handlers.http.settings import ServerSettings
+
+    compared: list[tuple[bytes, bytes]] = []
+    real = pipeline.hmac.compare_digest
+    monkeypatch.setattr(pipeline.hmac, "compare_digest", lambda a, b: compared.append((a, b)) or real(a, b))
+    settings = ServerSettings(api_key="sekrit")
+
+    def check(operation: str, **headers: str) -> bool:
+        raw = [(k.replace("_", "-").encode(), v.encode("latin-1")) for k, v in headers.items()]
+        request = Request({"type": "http", "method": "POST", "path": "/", "headers": raw})
+        try:
+            pipeline._check_key(OPERATIONS[operation], request, settings)
+            return True
+        except ApiError as err:
+            assert err.status == 401
+            return False
+
+    assert check("createChatCompletion", authorization="Bearer sekrit")
+    assert not check("createChatCompletion", authorization="Bearer sekriT")
+    assert not check("createChatCompletion", authorization="Bearer s\xe9krit")  # not ASCII: refused, no error
+    assert check("createMessage", x_api_key="sekrit")
+    assert not check("createMessage", x_api_key="wrong")
+    assert (b"Bearer sekriT", b"Bearer sekrit") in compared and (b"wrong", b"sekrit") in compared
