@@ -53,7 +53,7 @@ def batch_lines(data: bytes, file_id: str, endpoint: str) -> tuple[list[Line], s
     """The job's lines from its input file, and the model they all name (None when they differ)."""
     lines: list[Line] = []
     seen: dict[str, int] = {}
-    models: set[Any] = set()
+    models: set[str | None] = set()
     limit = BODY_LIMITS.get(endpoint, DEFAULT_BODY_LIMIT)
     for number, value in _object_lines(data, f"file '{file_id}'"):
         def refuse(why: str, param: str | None = None, number: int = number) -> ApiError:
@@ -79,12 +79,12 @@ def batch_lines(data: bytes, file_id: str, endpoint: str) -> tuple[list[Line], s
         text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
         if len(text.encode()) > limit:
             raise refuse(f"the body is larger than the {limit // (1024 * 1024)} MiB the route takes.", "body")
-        models.add(body.get("model"))
+        model = body.get("model")  # any JSON: the line's own route refuses what is not a model's name
+        models.add(model if isinstance(model, str) else None)
         lines.append(Line(number, custom_id, text))
         if len(lines) > MAX_LINES:
             raise bad_request(f"File '{file_id}' holds more than {MAX_LINES} requests, the most one batch takes.",
                               code="invalid_file")
     if not lines:
         raise bad_request(f"File '{file_id}' holds no requests.", code="invalid_file")
-    model = next(iter(models)) if len(models) == 1 else None
-    return lines, model if isinstance(model, str) else None
+    return lines, next(iter(models)) if len(models) == 1 else None

@@ -115,3 +115,9 @@ def test_input_rules() -> None:
     assert batch_lines((json.dumps(good) + "\n" + json.dumps(other)).encode(), "f", "/v1/embeddings")[1] is None
     with pytest.raises(ApiError, match="holds no requests"):
         batch_lines(b"\n", "f", "/v1/embeddings")
+    # A model that is no name (an object, a list) is the line's own route's to refuse when the job runs;
+    # reading the file takes it (it was an unhashable TypeError, a 500).
+    for odd in ({"x": 1}, [1], None, 3):
+        found, model = batch_lines(json.dumps({**good, "body": {"model": odd, "input": "x"}}).encode(), "f",
+                                   "/v1/embeddings")
+        assert model is None and json.loads(found[0].body)["model"] == odd
