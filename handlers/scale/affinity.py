@@ -67,7 +67,7 @@ def affinity_key(path: str, body: bytes) -> str:
         return ""
     try:
         data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # the replica's own pipeline words the 400
         return ""
     if not isinstance(data, dict):
         return ""

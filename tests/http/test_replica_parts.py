@@ -279,3 +279,9 @@ def test_replicas_take_a_gpu_each_or_share_a_local_machine_s_gpus() -> None:
     assert gpu_share(3, 1, local=True) == 0.33  # rounded down, so that all three fit
     assert gpu_share(8, 4, local=True) == 0.5
     assert gpu_share(2, 1, local=False) == 1.0  # a cluster may add nodes to place them
+
+
+def test_a_body_nested_past_the_interpreters_bound_has_no_affinity() -> None:
+    """The ingress reads a body's affinity before any replica checks it: JSON nested 100,000 deep has
+    none (it raised RecursionError there, a 500), and the replica's own pipeline refuses it with a 400."""
+    assert affinity_key("/v1/chat/completions", b'{"model":"m","messages":' + b"[" * 100_000 + b"]" * 100_000 + b"}") == ""
