@@ -4,13 +4,13 @@ a form sends every value as text."""
 from __future__ import annotations
 
 import functools
-import json
 from typing import Any
 
 import pydantic
 from fastapi import Request
 
 from swama.handlers.http.errors import bad_request
+from swama.handlers.http.strict_json import StrictJSONError, parse_strict_json
 
 
 async def read_form(request: Request, body: bytes, model: type[pydantic.BaseModel]) -> dict[str, Any]:
@@ -75,8 +75,10 @@ def _form_value(text: str, kinds: set[str]) -> Any:
     if not kinds - {"string"}:
         return text
     try:
-        value = json.loads(text)
-    except ValueError:
+        # Strict, as a JSON body is: bounded nesting (a field nested past Python's recursion bound
+        # raised RecursionError, a 500), no duplicate keys, no NaN.
+        value = parse_strict_json(text)
+    except StrictJSONError:
         return text
     kind = _JSON_TYPES.get(type(value))
     if kind in kinds or (kind == "integer" and "number" in kinds):

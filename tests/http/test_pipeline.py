@@ -83,6 +83,11 @@ def test_form_fields_are_typed_from_the_model() -> None:
     assert forms._form_value("x", kinds["temperature"]) == "x"  # the model refuses it
     assert forms._form_value("null", kinds["chunking_strategy"]) is None
     assert forms._form_value("0.5", kinds["model"]) == "0.5"  # text stays text
+    # JSON nested past the depth limit, or past Python's recursion bound, stays text for the model to
+    # refuse (it raised RecursionError, a 500).
+    for depth in (300, 100_000):
+        deep = '{"a":' * depth + "1" + "}" * depth
+        assert forms._form_value(deep, kinds["chunking_strategy"]) == deep
 
 
 def test_the_key_is_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
