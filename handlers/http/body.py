@@ -4,6 +4,8 @@ refused unread when its length is declared."""
 
 from __future__ import annotations
 
+import io
+import zlib
 from collections.abc import Iterator
 
 from fastapi import Request
@@ -40,8 +42,6 @@ def _decode(body: bytes, encoding: str, limit: int, too_large: ApiError) -> byte
     if encoding in ("", "identity"):
         return body
     if encoding == "zstd":
-        import io
-
         import zstandard
 
         try:
@@ -53,8 +53,6 @@ def _decode(body: bytes, encoding: str, limit: int, too_large: ApiError) -> byte
             raise bad_request(f"Malformed request: the zstd body does not decode ({exc})",
                               code="invalid_encoding") from None
     if encoding == "gzip":
-        import zlib
-
         try:
             return _bounded(_gunzip(body), limit, too_large)
         except zlib.error as exc:
@@ -66,8 +64,6 @@ def _decode(body: bytes, encoding: str, limit: int, too_large: ApiError) -> byte
 
 def _gunzip(body: bytes) -> Iterator[bytes]:
     """The inflated bytes of every gzip member in turn, at most a MiB at a time."""
-    import zlib
-
     data = body
     while data:
         member = zlib.decompressobj(wbits=31)
