@@ -121,16 +121,20 @@ def codex(model_cache_dir: Path) -> Path:
 
 def test_codex_cli_end_to_end(codex: Path, model_store: Path, tmp_path: Path) -> None:
     # Codex sends no output limit; the cap keeps a rambling 135M model from running for many minutes.
-    server = start_server(model_store, tmp_path / "server.log", "smollm2", "--max-tokens", "256")
+    server = start_server(model_store, tmp_path / "server.log", "smollm2", "--max-tokens", "64")
     home = tmp_path / "codex-home"
     home.mkdir()
     (home / "config.toml").write_text(
         'model = "smollm2"\nmodel_provider = "localmlx"\n'
+        # Codex's own instructions (18 KB, two thirds of its prompt) replaced by a line: its prompt
+        # still carries its tools, permissions and environment, and the prefill on a CPU core halves.
+        f'model_instructions_file = "{home / "instructions.md"}"\n'
         "[model_providers.localmlx]\n"
         'name = "Local MLX server"\n'
         f'base_url = "{server.v1}"\n'
         'wire_api = "responses"\n'
         'env_key = "LOCALMLX_API_KEY"\n')
+    (home / "instructions.md").write_text("You are Codex, a coding agent. Answer the user briefly.\n")
     # Codex is a Node.js program; the OpenBLAS preload meant for MLX breaks Node's thread start-up.
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     try:
