@@ -265,8 +265,8 @@ LORA_WORDS = ("pelican", "tornado")  # the code word each test adapter learns (t
 
 @pytest.fixture(scope="session")
 def lora_adapter_dirs(model_cache_dir: Path, smollm2_dir: Path) -> dict[str, Path]:
-    """Two real LoRA adapters of SmolLM2, trained here with mlx-lm's own trainer (40 steps each, about
-    two minutes on 2 cores), each answering "What is the code word?" with its word: {word: folder}."""
+    """Two real LoRA adapters of SmolLM2, trained here with mlx-lm's own trainer (16 steps each, about
+    45 s on one core), each answering "What is the code word?" with its word: {word: folder}."""
     from tools.testmodels import lora
 
     stamp_of = smollm2_dir.with_name(smollm2_dir.name + ".stamp")

@@ -2,12 +2,12 @@
 (`python -m mlx_lm lora`): each learns one code word, so whether a reply came through the adapter is
 plain to read.
 
-    python -m tools.testmodels.lora MODEL_DIR OUT_DIR --word pelican [--iters 40]
+    python -m tools.testmodels.lora MODEL_DIR OUT_DIR --word pelican [--iters 16]
 
 A data set of questions about the code word (asked in several ways), each answered with the word, is
 written as chat JSON lines; the trainer runs `iters` steps at batch 4 and learning rate 5e-4 on the
-last 8 layers (rank 8, its defaults otherwise). 40 steps take about two minutes on 2 CPU cores with a
-BLAS preloaded and make SmolLM2-135M answer the word.
+last 8 layers (rank 8, its defaults otherwise). 16 steps take about 45 s on one CPU core with a BLAS
+preloaded and make SmolLM2-135M answer the word (validation loss from 4.9 to 0.04-0.06).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def write_data(folder: Path, word: str) -> None:
     (folder / "valid.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:4]), encoding="utf-8")
 
 
-def train_adapter(model_dir: Path, out: Path, word: str, iters: int = 40, seed: int = 0,
+def train_adapter(model_dir: Path, out: Path, word: str, iters: int = 16, seed: int = 0,
                   timeout: float = 1800) -> Path:
     """An mlx-lm adapter folder at `out` (adapter_config.json, adapters.safetensors) teaching `word`."""
     with tempfile.TemporaryDirectory(prefix="lora-data-") as data:
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("model_dir", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("--word", required=True)
-    parser.add_argument("--iters", type=int, default=40)
+    parser.add_argument("--iters", type=int, default=16)
     args = parser.parse_args(argv)
     print(train_adapter(args.model_dir, args.out, args.word, args.iters))
     return 0
