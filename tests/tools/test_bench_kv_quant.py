@@ -18,7 +18,7 @@ def test_the_tables_show_quality_speed_and_memory(smollm2_dir: Path, tmp_path: P
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     written = tmp_path / "benchmarks.md"
     assert kv_quant.main(["--model-dir", str(smollm2_dir), "--document", "300", "--generate", "8", "--repeats", "1",
-                          "--speed-prompt", "200", "--write", str(written)]) == 0
+                          "--speed-prompt", "200", "--speed-generate", "8", "--write", str(written)]) == 0
     out = capsys.readouterr().out
     rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in out.splitlines()
             if re.match(r"\| (full precision|8 bits|4 bits) \|", line)}

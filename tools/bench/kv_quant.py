@@ -2,7 +2,7 @@
 buy in memory, against full precision on the same model in the same run.
 
     python -m tools.bench.kv_quant [--model-dir DIR] [--document 4000] [--generate 256] [--repeats 3]
-        [--speed-prompt 2000] [--write]
+        [--speed-prompt 2000] [--speed-generate 64] [--write]
 
 Everything runs through swama's engine as the server runs it: the batch scheduler, its admission
 and generation batch, with the model's caches quantized as `--kv-bits` would (group size 32, from
@@ -19,7 +19,8 @@ the first token):
   one pass), so their probabilities do not move; stated, not measured;
 - speed: prefill tok/s of a `--speed-prompt`-token prompt and decode tok/s at that context (one row),
   beside the same run through mlx-lm's own loop with its own `kv_bits` (the peer: mlx_lm.server), and
-  generated tok/s of eight short rows over their whole requests; median of `--repeats` with the spread;
+  generated tok/s of eight short rows over their whole requests, each run `--speed-generate` tokens;
+  median of `--repeats` with the spread;
 - memory: bytes a token of context takes (the admission's estimate, and what the batch's arrays
   really hold), and how many 4,000-token streams a --memory-limit of the weights plus 1 GiB admits.
 """
@@ -194,23 +195,24 @@ def structured(model: Any) -> tuple[int, int]:
     return valid, len(done)
 
 
-def speed(model: Any, ids: list[int], repeats: int, prompt: int) -> dict[str, list[float]]:
+def speed(model: Any, ids: list[int], repeats: int, prompt: int, generate: int) -> dict[str, list[float]]:
     from swama.engine.text.generator import ChatRequest, Sampling
 
     out: dict[str, list[float]] = {"prefill": [], "decode_long": [], "decode_8": []}
     for _ in range(repeats):
         [(long, _)], _ = run_rows(model, [ChatRequest([], prompt=ids[:prompt], sampling=Sampling(temperature=0),
-                                                      max_tokens=64, context_limit=4096)])
+                                                      max_tokens=generate, context_limit=4096)])
         out["prefill"].append(long.prompt_tokens / long.prompt_seconds)
         out["decode_long"].append(long.completion_tokens / long.generation_seconds)
-        short = [ChatRequest([{"role": "user", "content": p}], sampling=Sampling(temperature=0), max_tokens=64,
+        short = [ChatRequest([{"role": "user", "content": p}], sampling=Sampling(temperature=0), max_tokens=generate,
                              context_limit=4096) for p in PROMPTS * 2]
         done, wall = run_rows(model, short)
         out["decode_8"].append(sum(f.completion_tokens for f, _ in done) / wall)
     return out
 
 
-def peer(model: Any, ids: list[int], bits: int | None, repeats: int, prompt: int) -> dict[str, list[float]]:
+def peer(model: Any, ids: list[int], bits: int | None, repeats: int, prompt: int,
+         generate: int) -> dict[str, list[float]]:
     """The same one-row run through mlx-lm's own loop (`generate_step` with its `kv_bits`, what
     `mlx_lm.server --kv-bits` runs, one request at a time), with mlx-lm's own attention and SwiGLU put
     back for it (swama swaps in its CPU ones at load)."""
@@ -229,7 +231,7 @@ def peer(model: Any, ids: list[int], bits: int | None, repeats: int, prompt: int
     try:
         for _ in range(repeats):
             start = time.perf_counter()
-            steps = generate_step(mx.array(ids[:prompt]), model.model, max_tokens=64, prefill_step_size=CHUNK,
+            steps = generate_step(mx.array(ids[:prompt]), model.model, max_tokens=generate, prefill_step_size=CHUNK,
                                   prompt_cache=make_prompt_cache(model.model), **quant)
             next(steps)
             first = time.perf_counter()
@@ -253,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--generate", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--speed-prompt", type=int, default=2000, help="prompt tokens of the one-row speed run")
+    parser.add_argument("--speed-generate", type=int, default=64, help="tokens each speed run generates")
     add_write_option(parser)
     args = parser.parse_args(argv)
     folder, _ = resolve_model_dir(args.model_dir)
@@ -275,8 +278,9 @@ def main(argv: list[str] | None = None) -> int:
         lp, cache = logprobs(model, ids, bits)
         tokens = greedy(model, args.generate)
         valid, total = structured(model)
-        fast = speed(model, ids, args.repeats, args.speed_prompt)
-        fast.update({f"peer_{k}": v for k, v in peer(model, ids, bits, args.repeats, args.speed_prompt).items()})
+        fast = speed(model, ids, args.repeats, args.speed_prompt, args.speed_generate)
+        fast.update({f"peer_{k}": v for k, v in
+                     peer(model, ids, bits, args.repeats, args.speed_prompt, args.speed_generate).items()})
         estimate = kv_token_bytes(model.model, dtype.size, _kv(bits))
         if bits is None:
             reference_lp, reference_tokens = lp, tokens
@@ -288,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
 
     weights = model_bytes(folder, dtype.size)
     lines = [f"`python -m tools.bench.kv_quant --document {args.document} --generate {args.generate} "
-             f"--repeats {args.repeats} --speed-prompt {args.speed_prompt}`, {today()}: SmolLM2-135M-Instruct, {str(dtype).split('.')[-1]} on the CPU, "
+             f"--repeats {args.repeats} --speed-prompt {args.speed_prompt} --speed-generate {args.speed_generate}`, "
+             f"{today()}: SmolLM2-135M-Instruct, {str(dtype).split('.')[-1]} on the CPU, "
              f"group size {GROUP}, quantized from the first token. Facts: "
              + ", ".join(f"{k} {v}" for k, v in machine_facts().items()) + ".", "",
              f"Quality against full precision ({len(ids)}-token document read in {CHUNK}-token chunks; "
