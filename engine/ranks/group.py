@@ -4,8 +4,10 @@ Rank 0 serves HTTP and decides every scheduler step; before a step's forward pas
 step's plan (`share`): one all-gather of a small status row from every rank (the plan's length, a
 checksum of the tokens the rank sampled last step, its pid and memory), then one all-sum that
 carries the plan's bytes from rank 0 (the others add zeros). The other ranks wait in the same two
-collectives and then run the same step. An idle rank 0 shares an empty plan every `HEARTBEAT`
-seconds, so every rank always knows the others are alive.
+collectives and then run the same step, woken for it by rank 0's doorbell (ranks/doorbell.py:
+MLX's ring backend polls while it waits in a collective, so the ranks wait before it, asleep). An
+idle rank 0 shares an empty plan every `HEARTBEAT` seconds, so every rank always knows the others
+are alive.
 
 No wait is unbounded (a collective can hang on a peer that stopped, not only fail): a watchdog
 thread fails the group when a step on rank 0 takes longer than `timeout` seconds, or when a rank
@@ -29,6 +31,7 @@ from typing import Any
 
 from swama.engine.errors import Unavailable
 from swama.engine.model import LoadedModel
+from swama.engine.ranks.doorbell import Doorbell, DoorbellClosed, open_doorbell
 
 log = logging.getLogger("swama.ranks")
 
@@ -38,6 +41,7 @@ EXIT_GROUP_FAILED = 75  # the exit status of a rank whose group failed (EX_TEMPF
 FAILURE_LINE = "swama: rank group failed: "  # the line a failing rank writes, for whoever started it
 READY_LINE = "swama: every rank is ready"  # the line rank 0 writes once the whole group ran its first step
 GRACE = 2.0  # seconds rank 0 leaves the event loop to send the 503s before it exits
+DOORBELL_TIMEOUT = 30.0  # seconds the ranks may take to connect their doorbells, once joined
 STATUS_FIELDS = ("length", "checksum", "pid", "active_mib", "turns")
 
 
@@ -84,6 +88,7 @@ class RankGroup:
         self.turns = 0
         self.failed: str | None = None
         self.ready = threading.Event()  # every rank loaded its shard and took part in a step
+        self.doorbell: Doorbell | None = None  # rank 0 rings it before each plan (ranks/doorbell.py)
         self._bound = startup_timeout  # the first step waits for every rank's load
         self._busy_since: float | None = None
         self._last_turn = time.monotonic()
@@ -102,6 +107,14 @@ class RankGroup:
 
         if self.failed is not None:
             raise GroupFailed(self.failed)
+        if self.doorbell is not None:
+            try:
+                if self.rank == 0:
+                    self.doorbell.ring()
+                else:  # asleep until rank 0 shares, not polling in the collective
+                    self.doorbell.wait(self._bound + HEARTBEAT)
+            except DoorbellClosed as exc:
+                raise GroupFailed(str(exc)) from exc
         stream = mx.gpu if self.backend == "nccl" else mx.cpu
         self._busy_since = time.monotonic()
         try:
@@ -239,4 +252,6 @@ def join(backend: str, timeout: float, startup_timeout: float, *, restarts: int 
         raise GroupFailed(f"rank {os.environ.get('MLX_RANK', '?')} could not join the {backend} group: {reason}")
     _GROUP = RankGroup(result["group"], backend, timeout, startup_timeout, restarts=restarts,
                        last_failure=last_failure)
+    _GROUP.doorbell = open_doorbell(_GROUP.rank, _GROUP.size, _GROUP.peers[0].address, _GROUP.gather,
+                                    min(startup_timeout, DOORBELL_TIMEOUT))
     return _GROUP

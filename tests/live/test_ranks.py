@@ -122,6 +122,22 @@ def test_two_ranks_answer_as_one_process(tiny_ranks: LiveServer, model_server: L
     _same_answers(tiny_ranks, model_server, TINY_ID)
 
 
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def test_idle_ranks_sleep(tiny_ranks: LiveServer) -> None:
+    """Between plans the other ranks wait on rank 0's doorbell, asleep: MLX's ring backend polls its
+    sockets inside a collective, and an idle two-rank server's rank 1 so took 3.0 CPU-seconds in
+    these 3 s (measured, two threads polling). Asleep, a rank wakes for the heartbeat once a second."""
+    pids = [r["pid"] for r in httpx.get(tiny_ranks.url + "/health", timeout=10).json()["ranks"]["ranks"]]
+    before = [_cpu_seconds(pid) for pid in pids]
+    time.sleep(3)
+    used = [_cpu_seconds(pid) - b for pid, b in zip(pids, before, strict=True)]
+    assert max(used) < 0.5, used
+
+
 def test_responses_and_systemone_on_ranks(tiny_ranks: LiveServer, model_server: LiveServer) -> None:
     def respond(server: LiveServer) -> str:
         r = httpx.post(server.v1 + "/responses", timeout=120, json={
@@ -336,9 +352,12 @@ def test_hostfile_with_two_loopback_entries(model_store: Path, tmp_path: Path, m
         _same_answers(server, model_server, TINY_ID)
     finally:
         server.stop()
-    # Stopping the server stops mlx.launch's ranks too: none is left behind.
+    _gone([r["pid"] for r in group["ranks"]])  # stopping the server stops mlx.launch's ranks too
+
+
+def _gone(pids: list[int]) -> None:
+    """None of `pids` is left (bounded: 15 s)."""
     deadline = time.monotonic() + 15
-    pids = [r["pid"] for r in group["ranks"]]
     while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
         time.sleep(0.2)
     assert not [pid for pid in pids if _alive(pid)]
@@ -352,24 +371,10 @@ def _alive(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
-def test_ranks_go_when_their_supervisor_is_killed(model_store: Path) -> None:
-    """A server killed outright (SIGKILL, the OOM killer) leaves no rank behind: each one it started
-    goes with it, rank 0 included, which would otherwise go on serving its port."""
-    server = _ranked(model_store, "tiny-orphans", TINY_ID, "--ranks", "2")
-    try:
-        pids = [r["pid"] for r in httpx.get(server.url + "/health", timeout=10).json()["ranks"]["ranks"]]
-        assert all(_alive(pid) for pid in pids)
-        server.process.kill()
-        server.process.wait(10)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
-            time.sleep(0.2)
-        assert not [pid for pid in pids if _alive(pid)]
-    finally:
-        server.stop()
-
-
-def test_a_killed_rank_ends_the_stream_and_the_group_restarts(model_store: Path) -> None:
+def test_a_killed_rank_ends_the_stream_the_group_restarts_and_goes_with_its_supervisor(model_store: Path) -> None:
+    """A rank killed mid-stream ends the stream with an error and the group restarts. Then the server
+    itself is killed outright (SIGKILL, the OOM killer): each rank it started goes with it, rank 0
+    included, which would otherwise go on serving its port."""
     server = _ranked(model_store, "tiny-kill", TINY_ID, "--ranks", "2")
     try:
         rank1 = httpx.get(server.url + "/health", timeout=10).json()["ranks"]["ranks"][1]["pid"]
@@ -403,6 +408,11 @@ def test_a_killed_rank_ends_the_stream_and_the_group_restarts(model_store: Path)
         assert health["ranks"]["restarts"] == 1 and f"rank 1 (pid {rank1})" in health["ranks"]["last_failure"]
         assert health["ranks"]["state"] == "serving"
         assert _chat(server, TINY_ID, "Hello again.", 4)["choices"][0]["finish_reason"] == "length"
+        pids = [r["pid"] for r in httpx.get(server.url + "/health", timeout=10).json()["ranks"]["ranks"]]
+        assert all(_alive(pid) for pid in pids)
+        server.process.kill()
+        server.process.wait(10)
+        _gone(pids)
     finally:
         server.stop()
 
