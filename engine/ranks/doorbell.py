@@ -20,13 +20,19 @@ import struct
 import time
 from collections.abc import Callable
 
+from swama.engine.errors import Unavailable
+
 log = logging.getLogger("swama.ranks")
 
 RING = b"\x01"
 
 
-class DoorbellClosed(ConnectionError):
-    """The other side of a doorbell connection is gone, or stayed silent past the bound."""
+class DoorbellClosed(Unavailable):
+    """The other side of a doorbell connection is gone, or stayed silent past the bound (the group
+    turns it into its GroupFailed)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="rank_failed")
 
 
 class Doorbell:

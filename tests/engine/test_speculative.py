@@ -102,7 +102,7 @@ def test_prompt_lookup_drafts_what_followed_the_latest_match() -> None:
 
 
 def test_greedy_rows_that_draft_give_the_tokens_of_plain_decoding(model: LoadedModel) -> None:
-    requests = [_request(p) for p in PROMPTS]
+    requests = [_request(p, max_tokens=64) for p in PROMPTS]
     plain = [alone(model, r) for r in requests]
     together, counters = _scheduled(model, requests)
     one_by_one = [_scheduled(model, [r], rows=1)[0][0] for r in requests]

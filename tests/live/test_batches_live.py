@@ -231,8 +231,8 @@ def test_cancel_stops_a_job(client: OpenAI) -> None:
 
 def test_a_job_survives_kill_9_three_times(model_store: Path, tmp_path: Path) -> None:
     data = tmp_path / "data"
-    total = 30
-    lines = [line(f"k{i}", "/v1/chat/completions", chat(f"Tell me fact {i}.", max_tokens=24)) for i in range(total)]
+    total = 20  # each kill comes after 3 more lines finished: 9 or more before the last restart
+    lines = [line(f"k{i}", "/v1/chat/completions", chat(f"Tell me fact {i}.", max_tokens=16)) for i in range(total)]
 
     def up() -> tuple[LiveServer, OpenAI]:
         live = start_server(model_store, tmp_path / "kill.log", "smollm2", "--batch-lines", "4",

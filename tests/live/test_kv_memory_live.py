@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -33,6 +34,14 @@ def up(store: Path, tmp_path: Path, smollm2_dir: Path, *flags: str) -> LiveServe
                         "--prompt-cache-bytes", "0", *flags)
 
 
+@pytest.fixture(scope="module")
+def full(store: Path, tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterator[LiveServer]:
+    """The limit at full precision, shared by the tests that need no --kv-bits."""
+    server = up(store, tmp_path_factory.mktemp("kv-memory-full"), smollm2_dir)
+    yield server
+    server.stop()
+
+
 def tokens_that_fit(server: LiveServer) -> int:
     """The 400 a request too large for the limit gets names how many tokens fit."""
     r = httpx.post(f"{server.v1}/chat/completions", timeout=120, json={
@@ -48,25 +57,27 @@ def gauge(server: LiveServer, name: str) -> float:
     return float(re.search(rf'^{name}{{model="{SMOLLM2_ID}"}} ([0-9.e+]+)$', text, re.M).group(1))
 
 
-def test_quantized_caches_fit_proportionally_more_tokens(store: Path, tmp_path: Path, smollm2_dir: Path) -> None:
+def test_quantized_caches_fit_proportionally_more_tokens(store: Path, tmp_path: Path, smollm2_dir: Path,
+                                                        full: LiveServer) -> None:
     fits = {}
     for bits in (None, 8, 4):
-        server = up(store, tmp_path, smollm2_dir, *(("--kv-bits", str(bits)) if bits else ()))
+        server = full if bits is None else up(store, tmp_path, smollm2_dir, "--kv-bits", str(bits))
         try:
             fits[bits] = tokens_that_fit(server)
             # The limit less the weights' bytes as model_bytes counts them: a whole number, printed exactly.
             assert gauge(server, "swama_kv_budget_bytes") == ROOM * TOKEN
         finally:
-            server.stop()
+            if server is not full:
+                server.stop()
     assert fits[None] == ROOM
     # float32 keys and values against 8 bits plus a float32 scale and bias per 32: 4 / 1.25; at 4 bits 4 / 0.75.
     assert fits[8] == ROOM * 4 * 32 // 40 and fits[4] == ROOM * 4 * 32 // 24
 
 
-def test_a_request_waits_for_room_and_then_runs(store: Path, tmp_path: Path, smollm2_dir: Path) -> None:
+def test_a_request_waits_for_room_and_then_runs(full: LiveServer) -> None:
     """Two streams that reserve about 1,300 tokens each leave no room for a third of about 450: it waits
     (counted in swama_kv_waiting) until one stream ends, then runs; none fails."""
-    server = up(store, tmp_path, smollm2_dir)
+    server = full
     body = {"model": "smollm2", "prompt": "1, 2, 3, 4, 5,", "max_tokens": 1290, "temperature": 0, "stream": True}
     stop = [threading.Event(), threading.Event()]
     started = [threading.Event(), threading.Event()]
@@ -102,4 +113,5 @@ def test_a_request_waits_for_room_and_then_runs(store: Path, tmp_path: Path, smo
     finally:
         for e in stop:
             e.set()
-        server.stop()
+        for t in threads:
+            t.join(60)  # both streams gone before the next test reads the shared server

@@ -52,7 +52,22 @@ def cached(answer: dict) -> int:
     return answer["usage"]["prompt_tokens_details"]["cached_tokens"]
 
 
+def concurrent_sessions_share_one_system_prompt(server: LiveServer) -> None:
+    """Four sessions at once, then a fifth: every one answers, and the fifth resumes the system prompt
+    the others read (from memory, or its blocks on disk), prefilling only its own question."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda i: ask(server, f"Session {i}: where is order {i}?"), range(4)))
+    assert all(a["choices"][0]["message"]["content"] for a in answers)
+    late = ask(server, "Session 5: can I change my address?")
+    assert cached(late) >= 512
+    assert late["usage"]["prompt_tokens"] - cached(late) < 256  # its own question, not the system prompt
+
+
 def test_a_restart_resumes_from_disk_and_damage_is_skipped(store: Path, tmp_path: Path) -> None:
+    """The disk tier across a restart (a damaged block skipped); on the restarted server, concurrent
+    sessions share the system prompt."""
     data = tmp_path / "data"
 
     def up(*flags: str) -> LiveServer:
@@ -77,6 +92,7 @@ def test_a_restart_resumes_from_disk_and_damage_is_skipped(store: Path, tmp_path
         assert metric(server, "swama_prompt_cache_hits", "disk") == 1
         other = ask(server, "Can I change my address?")  # another session, the same system prompt
         assert cached(other) >= 512 and "disk_cached_tokens" not in other["usage"]["prompt_tokens_details"]
+        concurrent_sessions_share_one_system_prompt(server)
     finally:
         server.stop()
 
@@ -112,22 +128,5 @@ def test_an_unloaded_model_resumes_from_disk_and_a_small_budget_evicts(store: Pa
                    and metric(server, "swama_prompt_cache_tier_bytes", "disk") <= 40 << 20):
             assert time.monotonic() < deadline, "the disk tier did not come back within its budget"
             time.sleep(0.5)
-    finally:
-        server.stop()
-
-
-def test_concurrent_sessions_share_one_system_prompt(store: Path, tmp_path: Path) -> None:
-    """Four sessions at once, then a fifth: every one answers, and the fifth resumes the system prompt
-    the others read (from memory, or its blocks on disk), prefilling only its own question."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    server = start_server(store, tmp_path / "sessions.log", "smollm2", env={"SWAMA_DATA": str(tmp_path / "data")})
-    try:
-        with ThreadPoolExecutor(4) as pool:
-            answers = list(pool.map(lambda i: ask(server, f"Session {i}: where is order {i}?"), range(4)))
-        assert all(a["choices"][0]["message"]["content"] for a in answers)
-        late = ask(server, "Session 5: can I change my address?")
-        assert cached(late) >= 512
-        assert late["usage"]["prompt_tokens"] - cached(late) < 256  # its own question, not the system prompt
     finally:
         server.stop()
