@@ -61,10 +61,6 @@ class Doorbell:
         if got != RING:
             raise DoorbellClosed("rank 0 closed its connection (it stopped)")
 
-    def close(self) -> None:
-        for conn in self._peers.values():
-            conn.close()
-
 
 def _host(address: str) -> str:
     """The host of a rank's first ring address ("ip:port", several joined by commas)."""
@@ -94,7 +90,10 @@ def open_doorbell(rank: int, size: int, rank0_address: str, gather: Callable[[li
                 listener.settimeout(max(0.01, deadline - time.monotonic()))
                 peer, _ = listener.accept()
                 peer.settimeout(timeout)
-                (named,) = struct.unpack("<i", _exactly(peer, 4))
+                header = peer.recv(4, socket.MSG_WAITALL)
+                if len(header) != 4:
+                    raise ConnectionError("a rank closed its doorbell before it named itself")
+                (named,) = struct.unpack("<i", header)
                 if not 0 < named < size or named in conn:
                     peer.close()
                     continue
@@ -118,12 +117,3 @@ def open_doorbell(rank: int, size: int, rank0_address: str, gather: Callable[[li
         c.close()
     return None
 
-
-def _exactly(conn: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = conn.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError("closed before it named its rank")
-        data += chunk
-    return data

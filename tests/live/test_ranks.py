@@ -133,7 +133,7 @@ def test_idle_ranks_sleep(tiny_ranks: LiveServer) -> None:
     these 3 s (measured, two threads polling). Asleep, a rank wakes for the heartbeat once a second."""
     pids = [r["pid"] for r in httpx.get(tiny_ranks.url + "/health", timeout=10).json()["ranks"]["ranks"]]
     before = [_cpu_seconds(pid) for pid in pids]
-    time.sleep(3)
+    time.sleep(3)  # the window measured, not a wait for anything
     used = [_cpu_seconds(pid) - b for pid, b in zip(pids, before, strict=True)]
     assert max(used) < 0.5, used
 
