@@ -327,6 +327,13 @@ def model_files(settings: StoreSettings | None = None) -> ModelFiles:
     return ModelFiles((settings or read(StoreSettings)).models_root)
 
 
+def keep_torch_out() -> None:
+    """Before anything imports transformers: PyTorch stays out of this process (engine/runtime.py says why)."""
+    from swama.engine.runtime import keep_torch_out as keep_out
+
+    keep_out()
+
+
 def prepare_process(argv: list[str]) -> None:
     """Before a command that runs models: restart once with a tuned BLAS preloaded (Linux CPU), then
     make the chosen device MLX's default. ValueError or RuntimeError when the device or dtype asked

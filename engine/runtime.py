@@ -111,6 +111,16 @@ def slow_blas_note() -> str | None:
     return SLOW_BLAS_NOTE
 
 
+def keep_torch_out() -> None:
+    """Make PyTorch unimportable in this process, as it is in swama's own install (no dependency of
+    swama's needs it). transformers imports PyTorch whenever it is installed, from the configuration
+    and tokenizer modules every model load reads: where it happens to be installed (a machine-learning
+    environment, the test environment) that was 4-5 s of imports in each server, engine and rank
+    process, and image processors other than the ones a plain install runs. Called first by each
+    process entry point; a process that has imported PyTorch already keeps it."""
+    sys.modules.setdefault("torch", None)  # what importlib reads as "not installed"
+
+
 def reexec_with_fast_blas(argv: list[str], module: str = "swama.handlers.cli") -> None:
     """Restart this process once with a tuned BLAS preloaded, when it helps and one is available.
 

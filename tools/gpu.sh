@@ -168,7 +168,7 @@ cmd_install() {
     local version; version=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
     mkdir -p "$ROOT/src/swama-$version.dist-info"
     printf 'Metadata-Version: 2.1\nName: swama\nVersion: %s\n' "$version" > "$ROOT/src/swama-$version.dist-info/METADATA"
-    printf '[console_scripts]\nswama = swama.handlers.cli.main:main\n' > "$ROOT/src/swama-$version.dist-info/entry_points.txt"
+    printf '[console_scripts]\nswama = swama.handlers.cli.__main__:run\n' > "$ROOT/src/swama-$version.dist-info/entry_points.txt"
     if [ "$(bundle_kind)" = full ]; then
         mkdir -p "$ROOT/cache/wheels" && cp "$ROOT"/bundle/models/*.whl "$ROOT/cache/wheels/"
     else  # where the benchmarks look for a donor in their --models-dir (tools.bench.gpu.find_donor)

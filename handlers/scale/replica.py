@@ -121,6 +121,9 @@ class EngineReplica:
         import ray
         from ray import serve
 
+        from swama.engine.client import keep_torch_out
+
+        keep_torch_out()  # a Ray worker is a process of its own: as `swama serve` keeps PyTorch out, before any model
         from swama.handlers.http.app import create_app
 
         # As `swama serve` sets up its process: the access lines and swama's own log, here on the

@@ -6,6 +6,7 @@ requests in flight with a 503 and is started again."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -59,6 +60,16 @@ def test_the_engine_runs_in_a_process_of_its_own(server: LiveServer) -> None:
     engine = _health(server)["engine_process"]
     assert engine["pid"] not in (None, server.process.pid) and engine["restarts"] == 0
     assert Path(f"/proc/{engine['pid']}").exists()
+
+
+def test_neither_process_loads_pytorch_where_it_is_installed(server: LiveServer) -> None:
+    """PyTorch is installed here (the suite's references run on it) but swama needs none of it, and
+    transformers imports it wherever it is installed: the server and its engine process keep it out,
+    as a user's install (without it) does, and start seconds sooner."""
+    assert importlib.util.find_spec("torch") is not None  # installed here, so the check can fail
+    assert _chat(server, max_tokens=2).status_code == 200  # both processes have loaded the model
+    for pid in (server.process.pid, _health(server)["engine_process"]["pid"]):
+        assert "libtorch" not in Path(f"/proc/{pid}/maps").read_text(), pid
 
 
 def test_greedy_tokens_are_those_of_the_engine_in_process(server: LiveServer, store: Path) -> None:
