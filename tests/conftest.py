@@ -3,7 +3,6 @@ from __future__ import annotations
 import functools
 import os
 import re
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -79,28 +78,12 @@ def repo_root() -> Path:
 
 
 def install_folder(root: Path, repo_id: str, folder: Path) -> Path:
-    """Install a model folder into a store at `root` the way `swama create` does, but with its
-    weight files hard-linked, not copied: the suite builds a few dozen stores of the same cached
-    folders (SmolLM2's float32 weights alone are 540 MB a copy), and no test writes into a stored
-    weight file (a test that damages one unlinks it or works on a copy). The rest of the folder is
-    copied, so a test may rewrite a store's config or tokenizer files."""
+    """Install a model folder into a store at `root` the way `swama create` does (a copy: tests damage
+    stored files in place, so a store never shares a file with the cache it was made from)."""
+    from swama.engine.files.sources import create
     from swama.engine.files.store import ModelStore
 
-    def build(staging: Path) -> None:
-        for item in folder.iterdir():
-            if item.name.startswith("."):
-                continue
-            if item.is_dir():
-                shutil.copytree(item, staging / item.name)
-            elif item.suffix == ".safetensors":
-                try:
-                    os.link(item, staging / item.name)
-                except OSError:  # another file system: a copy
-                    shutil.copy2(item, staging / item.name)
-            else:
-                shutil.copy2(item, staging / item.name)
-
-    return ModelStore(root).install(repo_id, build, source=f"folder:{folder}").path
+    return create(ModelStore(root), folder, repo_id, say=lambda _: None).path
 
 
 def make_store(tmp_path_factory: pytest.TempPathFactory, name: str, models: dict[str, Path]) -> Path:
