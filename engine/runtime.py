@@ -112,13 +112,28 @@ def slow_blas_note() -> str | None:
 
 
 def keep_torch_out() -> None:
-    """Make PyTorch unimportable in this process, as it is in swama's own install (no dependency of
-    swama's needs it). transformers imports PyTorch whenever it is installed, from the configuration
-    and tokenizer modules every model load reads: where it happens to be installed (a machine-learning
-    environment, the test environment) that was 4-5 s of imports in each server, engine and rank
-    process, and image processors other than the ones a plain install runs. Called first by each
-    process entry point; a process that has imported PyTorch already keeps it."""
-    sys.modules.setdefault("torch", None)  # what importlib reads as "not installed"
+    """Have transformers take PyTorch as not installed in this process, as in swama's own install (no
+    dependency of swama's needs it). transformers imports PyTorch whenever it is installed, from the
+    configuration and tokenizer modules every model load reads: where it happens to be installed (a
+    machine-learning environment, the test environment) that was 4-5 s of imports in each server,
+    engine and rank process, and image processors other than those a plain install runs.
+
+    While transformers first asks whether PyTorch is installed (its answer is cached for the process),
+    PyTorch is marked missing; the mark then goes, since other libraries read sys.modules["torch"] as
+    the module itself (SciPy's array-API checks). Called first by each process entry point; a process
+    that has imported PyTorch already keeps it."""
+    if "torch" in sys.modules:
+        return
+    sys.modules["torch"] = None  # what importlib reads as "not installed"
+    try:
+        from transformers.utils.import_utils import is_torch_available
+
+        is_torch_available()
+    except ImportError:  # no transformers: nothing imports PyTorch for swama
+        pass
+    finally:
+        if "torch" in sys.modules and sys.modules["torch"] is None:
+            del sys.modules["torch"]
 
 
 def reexec_with_fast_blas(argv: list[str], module: str = "swama.handlers.cli") -> None:
