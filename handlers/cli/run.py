@@ -161,7 +161,7 @@ async def _in_process(args: argparse.Namespace, images: list[Image]) -> int:
         sampling=Sampling(temperature=args.temperature, top_p=args.top_p,
                           repetition_penalty=args.repetition_penalty),
         max_tokens=args.max_tokens, context_limit=settings.context_limit,
-        images=open_images(images))
+        images=await open_images(images))
     parts = []
     try:
         model = engine.model_for(args.model, Task.GENERATE)

@@ -14,6 +14,17 @@ import numpy as np
 
 SAMPLE_RATE = 16000
 READABLE = "WAV, FLAC, OGG or MP3"
+# Defaults of --max-audio-seconds and --max-audio-sample-rate (handlers/http/settings.py). An upload's
+# header states both; they bound the decoded samples (an hour at 96 kHz: 1.4 GB of float32 before
+# resampling) whatever the file's size, and a rate is read before any sample is.
+MAX_AUDIO_SECONDS = 3600.0
+MAX_SAMPLE_RATE = 96000
+MIN_SAMPLE_RATE = 1000
+MAX_CHANNELS = 8
+BLOCK_FRAMES = 1 << 16
+# resample_poly's filter grows with the reduced ratio's terms (2,000,003 Hz to 16 kHz: 16000/2000003,
+# 15 s for 52 bytes of WAV); past this term an FFT resample, linear in the samples, is taken instead.
+MAX_POLYPHASE_TERM = 4096
 
 
 class AudioDecodeError(Exception):
@@ -65,17 +76,43 @@ def _to_mono(samples: np.ndarray) -> np.ndarray:
 
 
 def resample(samples: np.ndarray, rate: int, target: int = SAMPLE_RATE) -> np.ndarray:
-    """Polyphase resampling (scipy), exact for any pair of integer rates."""
+    """Polyphase resampling (scipy) where the rates' reduced ratio is small (every common rate), else
+    an FFT resample, whose cost does not grow with the ratio's terms."""
     if rate == target:
         return samples
+    from scipy.signal import resample as fft_resample
     from scipy.signal import resample_poly
 
     g = gcd(rate, target)
-    return resample_poly(samples, target // g, rate // g).astype(np.float32)
+    up, down = target // g, rate // g
+    if max(up, down) <= MAX_POLYPHASE_TERM:
+        return resample_poly(samples, up, down).astype(np.float32)
+    return fft_resample(samples, max(1, round(len(samples) * target / rate))).astype(np.float32)
 
 
-def decode_audio(data: bytes, filename: str | None = None) -> np.ndarray:
-    """Mono float32 samples at 16 kHz; AudioDecodeError for anything that is not readable audio."""
+def _check_header(data: bytes, label: str, max_seconds: float, max_rate: int) -> None:
+    """Rate, channels and length as the header states them, refused past the limits before any sample is read."""
+    import soundfile as sf
+
+    try:
+        info = sf.info(io.BytesIO(data))
+    except (sf.LibsndfileError, RuntimeError, TypeError, ValueError):
+        return  # not readable: the read below says why
+    if not MIN_SAMPLE_RATE <= info.samplerate <= max_rate:
+        raise AudioDecodeError(f"{label} is sampled at {info.samplerate:,} Hz; this server reads {MIN_SAMPLE_RATE:,} "
+                               f"to {max_rate:,} Hz (--max-audio-sample-rate).")
+    if not 1 <= info.channels <= MAX_CHANNELS:
+        raise AudioDecodeError(f"{label} has {info.channels} channels; this server reads 1 to {MAX_CHANNELS}.")
+    if info.frames > max_seconds * info.samplerate:
+        raise AudioDecodeError(f"{label} is {info.frames / info.samplerate:,.0f} seconds long; this server reads at "
+                               f"most {max_seconds:,.0f} (--max-audio-seconds).")
+
+
+def decode_audio(data: bytes, filename: str | None = None, *, max_seconds: float = MAX_AUDIO_SECONDS,
+                 max_rate: int = MAX_SAMPLE_RATE) -> np.ndarray:
+    """Mono float32 samples at 16 kHz; AudioDecodeError for anything that is not readable audio, or
+    longer than `max_seconds`, or sampled faster than `max_rate` (read in blocks, mixed down as they
+    come, and stopped at the limit where a header understates the length)."""
     import soundfile as sf
 
     label = f"'{filename}'" if filename else "The file"
@@ -86,14 +123,23 @@ def decode_audio(data: bytes, filename: str | None = None) -> np.ndarray:
         raise AudioDecodeError(f"{missing} needs ffmpeg, which swama does not use; convert the audio to "
                                f"{READABLE}.")
     _check_wav(data)
+    _check_header(data, label, max_seconds, max_rate)
     try:
-        samples, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=False)
+        with sf.SoundFile(io.BytesIO(data)) as audio:
+            rate, most = audio.samplerate, int(max_seconds * audio.samplerate)
+            blocks, frames = [], 0
+            for block in audio.blocks(BLOCK_FRAMES, dtype="float32", always_2d=True):
+                blocks.append(_to_mono(block))
+                frames += len(block)
+                if frames > most:
+                    raise AudioDecodeError(f"{label} is longer than {max_seconds:,.0f} seconds, the most this "
+                                           "server reads (--max-audio-seconds).")
     except sf.LibsndfileError as exc:
         detail = str(getattr(exc, "error_string", "") or exc).strip().rstrip(".")
         raise AudioDecodeError(f"{label} is not audio swama can read ({detail}); send {READABLE}.") from None
     except (RuntimeError, TypeError, ValueError) as exc:
         raise AudioDecodeError(f"{label} is not audio swama can read ({exc}); send {READABLE}.") from None
-    samples = _to_mono(np.asarray(samples, dtype=np.float32))
+    samples = np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.float32)
     if samples.size == 0:
         raise AudioDecodeError("The audio file holds no samples.")
     if not np.isfinite(samples).all():

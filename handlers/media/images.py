@@ -6,19 +6,25 @@ headers, so a huge or broken image is refused before any decoder sees it. `field
 in messages (`images[0]`, `input[1].content[2]`, `messages.0.content.1`).
 
 Chat completions and responses also take `http`/`https` URLs: the image is fetched with a timeout
-and a size cap, following redirects only to other `http`/`https` URLs.
+and a size cap, following redirects only to other `http`/`https` URLs, and only from public
+addresses unless the server runs with --allow-private-urls.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import ipaddress
+import socket
 import string
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import SplitResult, urljoin, urlsplit
+
+from starlette.concurrency import run_in_threadpool
 
 from swama.handlers.http.errors import ApiError
 
@@ -29,7 +35,8 @@ MAX_TOTAL_BYTES = 8 * MiB
 MAX_PIXELS = 16_000_000
 MEDIA_TYPES = ("image/png", "image/jpeg", "image/webp")
 ALLOWED = "image/png, image/jpeg, or image/webp"
-FETCH_TIMEOUT_SECONDS = 10.0
+FETCH_TIMEOUT_SECONDS = 10.0  # for the whole fetch, redirects included
+DEFAULT_PORTS = {"http": 80, "https": 443}
 MAX_REDIRECTS = 3
 # Characters a URL may carry unescaped; anything else (spaces, non-ASCII, quotes...) is refused.
 _URL_CHARS = frozenset(string.ascii_letters + string.digits + "-._~:/?#[]@!$&'()*+,;=%")
@@ -155,14 +162,18 @@ def decode_base64(payload: str, field: str) -> bytes:
 
 
 def _png(data: bytes) -> tuple[int, int] | None:
-    """Dimensions of a complete PNG (every chunk fits and IEND is reached), else None."""
+    """Dimensions of a complete PNG (every chunk fits, IEND reached), else None; (0, 0) when IHDR is
+    not the first chunk and the only one. Decoders read the first IHDR: a second one could claim other
+    dimensions than those decoded."""
     pos, size = 8, None
     while pos + 8 <= len(data):
         length, kind = struct.unpack(">I4s", data[pos:pos + 8])
         end = pos + 12 + length
         if end > len(data):
             return None
-        if kind == b"IHDR" and length >= 8:
+        if (kind == b"IHDR") != (pos == 8) or kind == b"IHDR" and length < 8:
+            return 0, 0  # complete, perhaps, but not a PNG any decoder reads as it claims
+        if kind == b"IHDR":
             size = struct.unpack(">II", data[pos + 8:pos + 16])
         if kind == b"IEND":
             return size
@@ -244,7 +255,22 @@ def check_image(data: bytes, field: str, declared: str | None = None, detail: st
         raise ImageError(f"{field} is not a decodable image.")
     if width * height > MAX_PIXELS:
         raise ImageError(f"{field} is larger than 16 megapixels.")
+    if _decoder_size(data) != size:  # the decoder's own header read: the size it would decode
+        raise ImageError(f"{field} is not a decodable image: its headers disagree on its size.")
     return Image(field, actual, data, width, height, detail)
+
+
+def _decoder_size(data: bytes) -> tuple[int, int] | None:
+    """The dimensions Pillow reads from the headers (no pixels decoded), None when it cannot."""
+    import io
+
+    from PIL import Image as PILImage
+
+    try:
+        with PILImage.open(io.BytesIO(data)) as opened:
+            return opened.size
+    except Exception:  # Pillow raises many types for bad data
+        return None
 
 
 def check_images(images: Sequence[Image]) -> None:
@@ -261,24 +287,43 @@ def open_image(image: Image):  # -> PIL.Image.Image
 
     from PIL import Image as PILImage
 
+    # Pillow's own bomb guard as a second line (it refuses past twice the limit; check_image already
+    # refused past the limit by the same header read).
+    PILImage.MAX_IMAGE_PIXELS = MAX_PIXELS
     try:
         opened = PILImage.open(io.BytesIO(image.data))
+        if opened.size != (image.width, image.height):
+            raise ValueError("the decoder reads another size than was checked")
         opened.load()
     except Exception:  # Pillow raises many types for bad data
         raise ImageError(f"{image.field} is not a decodable image.") from None
     return opened
 
 
-async def fetch_image(url: str, field: str, *, timeout: float = FETCH_TIMEOUT_SECONDS,
-                      max_bytes: int = MAX_IMAGE_BYTES) -> bytes:
-    """The body of an `http`/`https` image URL: at most `max_bytes`, within `timeout` seconds per
-    step, following at most MAX_REDIRECTS redirects and only to `http`/`https` URLs."""
+async def fetch_image(url: str, field: str, *, private_allowed: bool = False,
+                      timeout: float = FETCH_TIMEOUT_SECONDS, max_bytes: int = MAX_IMAGE_BYTES) -> bytes:
+    """The body of an `http`/`https` image URL: at most `max_bytes`, within `timeout` seconds in all,
+    following at most MAX_REDIRECTS redirects and only to `http`/`https` URLs. Each host is resolved
+    here and must have only public addresses (unless `private_allowed`: --allow-private-urls); the
+    connection goes to the address that was checked, so a name cannot be rebound in between. Every
+    failure to fetch reads the same, so the answers cannot map a network (a port closed, filtered or
+    serving a 404 look alike)."""
     import httpx
 
-    async with httpx.AsyncClient(follow_redirects=False, timeout=timeout, trust_env=False) as client:
-        for _ in range(MAX_REDIRECTS + 1):
-            try:
-                async with client.stream("GET", url) as response:
+    unreachable = ImageError(f"{field} could not be fetched.")
+    try:
+        async with asyncio.timeout(timeout), \
+                httpx.AsyncClient(follow_redirects=False, timeout=timeout, trust_env=False) as client:
+            for _ in range(MAX_REDIRECTS + 1):
+                parts = urlsplit(url)
+                address = await _checked_address(parts, field, private_allowed)
+                if address is None:
+                    raise unreachable
+                host = f"[{address}]" if ":" in address else address
+                direct = parts._replace(netloc=host + (f":{parts.port}" if parts.port else "")).geturl()
+                extensions = {"sni_hostname": parts.hostname} if parts.scheme == "https" else {}
+                async with client.stream("GET", direct, headers={"host": parts.netloc.rsplit("@", 1)[-1]},
+                                         extensions=extensions) as response:
                     if response.is_redirect:
                         target = urljoin(url, response.headers.get("location", ""))
                         if not _valid_http_url(target):
@@ -286,7 +331,7 @@ async def fetch_image(url: str, field: str, *, timeout: float = FETCH_TIMEOUT_SE
                         url = target
                         continue
                     if response.status_code != 200:
-                        raise ImageError(f"{field} could not be fetched (HTTP {response.status_code}).")
+                        raise unreachable
                     declared = response.headers.get("content-length", "")
                     if declared.isdigit() and int(declared) > max_bytes:
                         raise ImageError(f"{field} is larger than 4 MiB.")
@@ -296,15 +341,32 @@ async def fetch_image(url: str, field: str, *, timeout: float = FETCH_TIMEOUT_SE
                         if len(body) > max_bytes:
                             raise ImageError(f"{field} is larger than 4 MiB.")
                     return bytes(body)
-            except httpx.TimeoutException:
-                raise ImageError(f"{field} could not be fetched in {timeout:g} seconds.") from None
-            except httpx.HTTPError as exc:
-                raise ImageError(f"{field} could not be fetched: {type(exc).__name__}.") from None
+    except (TimeoutError, httpx.HTTPError):
+        raise unreachable from None
     raise ImageError(f"{field} redirects more than {MAX_REDIRECTS} times.")
 
 
-async def load_images(refs: Sequence[ImageRef], *, remote_allowed: bool) -> list[Image]:
-    """Every image of a request, decoded (or fetched) and checked, then the request-wide limits."""
+async def _checked_address(parts: SplitResult, field: str, private_allowed: bool) -> str | None:
+    """The address to connect to for a URL's host: each address the name resolves to must be public
+    (ImageError naming the rule otherwise, unless `private_allowed`); None when it does not resolve."""
+    host = parts.hostname or ""
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, parts.port or DEFAULT_PORTS[parts.scheme],
+                                                             type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return None
+    addresses = [ipaddress.ip_address(info[4][0].split("%", 1)[0]) for info in infos]
+    if not addresses:
+        return None
+    if not private_allowed and not all(a.is_global for a in addresses):
+        raise ImageError(f"{field} points at a private, loopback or link-local address, which this server does "
+                         "not fetch from (--allow-private-urls allows it).")
+    return str(addresses[0])
+
+
+async def load_images(refs: Sequence[ImageRef], *, remote_allowed: bool, private_allowed: bool = False) -> list[Image]:
+    """Every image of a request, decoded (or fetched) and checked, then the request-wide limits; the
+    checks walk the files' bytes, so they run in Starlette's bounded thread pool, off the event loop."""
     if len(refs) > MAX_IMAGES:
         raise ImageError(f"A request accepts at most {MAX_IMAGES} images.")
     images = []
@@ -312,9 +374,10 @@ async def load_images(refs: Sequence[ImageRef], *, remote_allowed: bool) -> list
         if remote_allowed and ref.url[:5].lower() != "data:":
             if not _valid_http_url(ref.url):
                 raise ImageError("Invalid image URL")
-            images.append(check_image(await fetch_image(ref.url, ref.field), ref.field, None, ref.detail))
+            data = await fetch_image(ref.url, ref.field, private_allowed=private_allowed)
+            images.append(await run_in_threadpool(check_image, data, ref.field, None, ref.detail))
         else:
-            images.append(load_data_image(ref, remote_allowed=remote_allowed))
+            images.append(await run_in_threadpool(load_data_image, ref, remote_allowed=remote_allowed))
     check_images(images)
     return images
 
@@ -324,13 +387,9 @@ def load_data_image(ref: ImageRef, *, remote_allowed: bool = False) -> Image:
     return check_image(data, ref.field, declared, ref.detail)
 
 
-def load_data_images(refs: Sequence[ImageRef]) -> list[Image]:
-    """The images of a decision request: base64 data URLs only."""
-    if len(refs) > MAX_IMAGES:
-        raise ImageError(f"A request accepts at most {MAX_IMAGES} images.")
-    images = [load_data_image(ref) for ref in refs]
-    check_images(images)
-    return images
+async def load_data_images(refs: Sequence[ImageRef]) -> list[Image]:
+    """The images of a decision request: base64 data URLs only, checked off the event loop."""
+    return await load_images(refs, remote_allowed=False)
 
 
 def all_low_detail(images: Sequence[Image]) -> bool:
@@ -342,5 +401,8 @@ def data_url(image: Image) -> str:
     return f"data:{image.media_type};base64,{base64.b64encode(image.data).decode('ascii')}"
 
 
-def open_images(images: Sequence[Image]) -> list[Any]:
-    return [open_image(image) for image in images]
+async def open_images(images: Sequence[Image]) -> list[Any]:
+    """The images' pixels, decoded in Starlette's bounded thread pool, off the event loop."""
+    if not images:
+        return []
+    return await run_in_threadpool(lambda: [open_image(image) for image in images])

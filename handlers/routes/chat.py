@@ -131,9 +131,17 @@ def request_from(request: CreateChatCompletionRequest, context_limit: int) -> tu
                                     kwargs.enable_thinking if kwargs is not None else None)
     chat = chat_request(turns, sampling=options, max_tokens=max_tokens, stop=stop,
                         tools=tools_from(request.tools), rules=output_rules(request),
-                        context_limit=request.context_limit or context_limit, thinking=thinking,
+                        context_limit=_context_limit(request.context_limit, context_limit), thinking=thinking,
                         keep=bool(request.prompt_cache_key))
     return chat, image_refs(turns)
+
+
+def _context_limit(asked: int | None, server: int) -> int:
+    """A request may narrow the server's context window (--context-limit), never widen it."""
+    if asked is not None and asked > server:
+        raise bad_request(f"'context_limit' may be at most the server's context limit of {server} tokens "
+                          f"(--context-limit); got {asked}.", code="context_limit_exceeded", param="context_limit")
+    return asked or server
 
 
 def output_rules(request: CreateChatCompletionRequest) -> OutputRules:
@@ -162,7 +170,7 @@ async def create_chat_completion(call: Call, parsed: CreateChatCompletionRequest
     request, images = request_from(parsed, call.settings.context_limit)
     model = str(unwrap(parsed.model))
     installed = engine.model_for(model, Task.GENERATE)
-    await attach_images(engine, request, images, installed)
+    await attach_images(engine, request, images, installed, private_allowed=call.settings.allow_private_urls)
     ident, created = f"chatcmpl-{uuid.uuid4()}", int(time.time())
     events = engine.chat(installed.id, request)
     if parsed.stream:

@@ -39,15 +39,17 @@ async def create_decision(call: Call, request: DecisionCreateRequest) -> Respons
     check_questions(questions)
     model = call.engine.model(request.model)  # 404 before any other work
     text, refs = input_of(request.input)
-    images = load_data_images(refs)
     if model.kind == DECISION:
         raise WrongModel(f"Model '{model.id}' is a decision checkpoint: it answers System One questions on "
                          "/v1/systemone, not /v1/decisions.")
     call.engine.require(model, Task.DECIDE)
+    if refs:  # a model without vision refuses images before any is decoded
+        call.engine.require(model, Task.READ_IMAGES)
+    images = await load_data_images(refs)
     views = [question_view(q) for q in questions]
     defaults = decision_defaults(call.settings, model)
     job = DecisionJob(text, views, context_limit=call.settings.context_limit,
-                      images=open_images(images), low_detail=all_low_detail(images),
+                      images=await open_images(images), low_detail=all_low_detail(images),
                       adjustments=[adjustment_of(request, q, view, defaults)
                                    for q, view in zip(questions, views, strict=True)])
     async for result in collect_or_cancel(call.request, call.engine.decide(model.id, job)):

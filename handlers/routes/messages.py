@@ -229,7 +229,7 @@ async def create_message(call: Call, parsed: AnthropicMessageCreateParams) -> Re
     request, images = request_from(parsed, call.settings.context_limit)
     name = str(unwrap(parsed.model))
     model = _model(call, name)
-    await attach_images(call.engine, request, images, model)
+    await attach_images(call.engine, request, images, model, private_allowed=call.settings.allow_private_urls)
     events = call.engine.chat(model.id, request)
     if unwrap(getattr(parsed, "stream", None)):
         events = await start_stream(events)  # errors before the first token stay plain HTTP errors
@@ -255,7 +255,7 @@ async def count_message_tokens(call: Call, parsed: AnthropicMessageCountTokensPa
     request, images = request_from(parsed, call.settings.context_limit)
     name = str(unwrap(parsed.model))
     model = _model(call, name)
-    await attach_images(call.engine, request, images, model)
+    await attach_images(call.engine, request, images, model, private_allowed=call.settings.allow_private_urls)
     switch = {"enable_thinking": request.thinking} if request.thinking is not None else {}
     job = TokenizeJob(messages=request.messages, tools=request.tools, images=request.images,
                       add_special_tokens=False, add_generation_prompt=not request.continue_final,

@@ -171,7 +171,7 @@ async def create_response(call: Call, parsed: CreateResponse) -> Response | dict
     request = response_request(parsed, context_limit=call.settings.context_limit)
     engine = call.engine
     model = engine.model_for(request.model, Task.GENERATE)
-    await attach_images(engine, request.chat, request.images, model)
+    await attach_images(engine, request.chat, request.images, model, private_allowed=call.settings.allow_private_urls)
     events = engine.chat(model.id, request.chat)
     if request.stream:
         events = await start_stream(events)  # errors before the first token stay plain HTTP errors

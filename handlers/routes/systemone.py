@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import Response
+from starlette.concurrency import run_in_threadpool
 
 from swama.engine.client import (
     DECISION,
@@ -77,17 +78,19 @@ async def answer(call: Call, request: SystemOneRequest, model_of: Callable[[], I
     questions = questions_of(request)
     check_questions(questions)
     model = model_of()
-    images = images_of(request)  # `"images": []` is the same as no field
+    if request.images and model.kind != DECISION:  # a model without vision refuses them before any is decoded
+        call.engine.require(model, Task.READ_IMAGES)
+    images = await run_in_threadpool(images_of, request)  # `"images": []` is the same as no field; off the loop
     views = [question_view(q) for _, q in questions]
     defaults = decision_defaults(call.settings, model)
     adjustments = [adjustment_of(request, q, view, defaults) for (_, q), view in zip(questions, views, strict=True)]
     if model.kind == DECISION:
         if any(a.active for a in adjustments):
             raise checkpoint_refusal(model.id)
-        return await _on_checkpoint(call, request, model, questions, open_images(images))
+        return await _on_checkpoint(call, request, model, questions, await open_images(images))
     call.engine.require(model, Task.DECIDE)
     job = DecisionJob(render_text(request.state), views,
-                      context_limit=call.settings.context_limit, systemone=True, images=open_images(images),
+                      context_limit=call.settings.context_limit, systemone=True, images=await open_images(images),
                       adjustments=adjustments)
     async for result in collect_or_cancel(call.request, call.engine.decide(model.id, job)):
         answers = [(qid, q, scored) for (qid, q), scored in zip(questions, result.answers, strict=True)]

@@ -28,7 +28,8 @@ async def _chat_job(call: Call, form: TokenizeChatRequest) -> tuple[str, Tokeniz
     chat = chat_request(turns, sampling=Sampling(), context_limit=call.settings.context_limit,
                         tools=tools_from(form.tools))
     installed = call.engine.model_for(form.model, Task.GENERATE)
-    await attach_images(call.engine, chat, image_refs(turns), installed)
+    await attach_images(call.engine, chat, image_refs(turns), installed,
+                        private_allowed=call.settings.allow_private_urls)
     return installed.id, TokenizeJob(
         messages=chat.messages, tools=chat.tools, images=chat.images, add_special_tokens=form.add_special_tokens,
         add_generation_prompt=form.add_generation_prompt, continue_final_message=form.continue_final_message,

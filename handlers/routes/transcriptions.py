@@ -35,7 +35,8 @@ async def create_transcription(call: Call, request: CreateTranscriptionRequest) 
                           "vtt.", code="unsupported_value", param="timestamp_granularities")
     language = call.engine.transcription_language(request.language)
     try:
-        audio = await asyncio.to_thread(decode_audio, request.file)
+        audio = await asyncio.to_thread(decode_audio, request.file, max_seconds=call.settings.max_audio_seconds,
+                                        max_rate=call.settings.max_audio_sample_rate)
     except AudioDecodeError as exc:
         raise bad_request(exc.message, code="invalid_audio", param="file") from None
     transcript = await call.engine.transcribe(model.id, audio, language=language, prompt=request.prompt or None,

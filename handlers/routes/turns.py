@@ -215,10 +215,11 @@ def chat_request(turns: list[Turn], *, sampling: Sampling, context_limit: int,
 
 
 async def attach_images(engine: EngineClient, request: ChatRequest, refs: list[ImageRef],
-                        model: InstalledModel) -> None:
+                        model: InstalledModel, *, private_allowed: bool) -> None:
     """Load a request's images for `model`: refused on a text-only model before any is fetched,
-    fetched or decoded and checked otherwise, then opened for the vision processor."""
+    fetched (from private addresses only when `private_allowed`) or decoded and checked otherwise,
+    then opened for the vision processor."""
     if not refs:
         return
     engine.require(model, Task.READ_IMAGES)
-    request.images = open_images(await load_images(refs, remote_allowed=True))
+    request.images = await open_images(await load_images(refs, remote_allowed=True, private_allowed=private_allowed))

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from precision import DTYPE
 
 from model_fixtures import SpeechClip
@@ -204,6 +206,49 @@ def test_bad_audio_is_refused_with_a_reason(speech_clips: dict[str, SpeechClip])
     sf.write(silent, np.zeros(0, dtype=np.float32), 16000, format="WAV")
     with pytest.raises(AudioDecodeError, match="holds no samples"):
         decode_audio(silent.getvalue())
+
+
+def _wav(rate: int, frames: int, channels: int = 1) -> bytes:
+    """A 16-bit PCM WAV of silence written by hand, so that any rate its header may state can be said."""
+    data = bytes(2 * channels * frames)
+    fmt = struct.pack("<HHIIHH", 1, channels, rate, rate * 2 * channels, 2 * channels, 16)
+    body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+def test_audio_past_its_limits_is_refused_before_its_samples_are_read() -> None:
+    # 52 bytes claiming 2,000,003 Hz took 15 s of resampling (a filter as long as the rates' reduced ratio).
+    with pytest.raises(AudioDecodeError, match=r"sampled at 2,000,003 Hz; this server reads 1,000 to 96,000 Hz"):
+        decode_audio(_wav(2_000_003, 4))
+    assert decode_audio(_wav(192_000, 192), max_rate=192_000).shape == (16,)
+    # A rate whose ratio to 16 kHz does not reduce (16000/44101) takes the FFT resample: the same length.
+    assert decode_audio(_wav(44_101, 44_101)).shape == (16_000,)
+    with pytest.raises(AudioDecodeError, match=r"is 3 seconds long; this server reads at most 2 "):
+        decode_audio(_wav(8000, 24_000), max_seconds=2)
+    assert decode_audio(_wav(8000, 24_000), max_seconds=3).shape == (48_000,)
+    with pytest.raises(AudioDecodeError, match=r"has 9 channels"):
+        decode_audio(_wav(16_000, 16, channels=9))
+
+
+def _crafted_wav(fmt: int, channels: int, rate: int, bits: int, declared: int, data: bytes) -> bytes:
+    block = max(1, channels * bits // 8)
+    head = struct.pack("<HHIIHH", fmt, channels, rate, (rate * block) & 0xFFFFFFFF, block & 0xFFFF, bits)
+    body = b"WAVE" + b"fmt " + struct.pack("<I", len(head)) + head + b"data" + struct.pack("<I", declared) + data
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+@given(wav=st.builds(_crafted_wav, st.sampled_from([1, 3, 6, 7, 0xFFFE, 0, 2]), st.integers(0, 70),
+                     st.integers(0, 2 ** 32 - 1), st.sampled_from([0, 8, 16, 24, 32, 64, 7]),
+                     st.integers(0, 2 ** 32 - 1), st.binary(max_size=4096)))
+@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+def test_crafted_wav_headers_are_refused_or_decode_to_finite_samples(wav: bytes) -> None:
+    """Any rate, channel count, sample format and declared length a header may state: refused with an
+    AudioDecodeError (a 400), or mono float32 samples at 16 kHz that are finite numbers."""
+    try:
+        samples = decode_audio(wav)
+    except AudioDecodeError:
+        return
+    assert samples.dtype == np.float32 and samples.ndim == 1 and np.isfinite(samples).all()
 
 
 # -- Whisper tiny.en ------------------------------------------------------------------------------

@@ -9,6 +9,8 @@ import struct
 import zlib
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from PIL import Image as PILImage
 
 from swama.handlers.media.images import (
@@ -95,6 +97,22 @@ def test_a_huge_header_is_refused_before_any_decoding() -> None:
         open_image(image)  # its body holds no such picture
 
 
+def test_a_png_is_sized_by_its_first_header_as_decoders_read_it() -> None:
+    """A second IHDR claiming 1x1 after a first claiming 6000x6000 (what a decoder reads) passed the
+    size check before, which read the last one; now a PNG whose IHDR is not its first and only chunk
+    of that kind is refused, and any file whose headers the decoder reads otherwise than the check."""
+    big = png_header_only(6000, 6000)
+    second = png_header_only(1, 1)[8:33]  # the small file's IHDR chunk
+    forged = big[:33] + second + big[33:]
+    with pytest.raises(ImageError, match=r"^f is not a decodable image\.$"):
+        check_image(forged, "f")
+    with pytest.raises(ImageError, match=r"^f is larger than 16 megapixels\.$"):
+        check_image(big, "f")
+    late = b"\x89PNG\r\n\x1a\n" + big[33:-12] + big[8:33] + big[-12:]  # IHDR after the data
+    with pytest.raises(ImageError, match=r"^f is not a decodable image\.$"):
+        check_image(late, "f")
+
+
 @pytest.mark.parametrize(("url", "message"), [
     ("https://example.com/cat.png", "f must be a base64 data URL; remote URLs are not accepted."),
     ("HTTP://example.com/cat.png", "f must be a base64 data URL; remote URLs are not accepted."),
@@ -129,3 +147,32 @@ def test_request_limits() -> None:
     with pytest.raises(ImageError, match=r"^images exceed 8 MiB in total\.$"):
         check_images(big)
     assert isinstance(big[0], Image)
+
+
+def _chunk(kind: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+
+_crafted_png = st.builds(
+    lambda chunks: b"\x89PNG\r\n\x1a\n" + b"".join(chunks),
+    st.lists(st.one_of(
+        st.builds(lambda w, h, depth, color: _chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, depth, color, 0, 0, 0)),
+                  st.integers(0, 2 ** 32 - 1), st.integers(0, 2 ** 32 - 1), st.sampled_from([1, 8, 16, 3]),
+                  st.sampled_from([0, 2, 3, 6, 7])),
+        st.builds(lambda raw: _chunk(b"IDAT", zlib.compress(raw)), st.binary(max_size=256)),
+        st.builds(lambda body: _chunk(b"PLTE", body), st.binary(max_size=48)),
+        st.just(_chunk(b"IEND", b"")),
+    ), max_size=6))
+
+
+@given(data=st.one_of(st.binary(max_size=2048), _crafted_png))
+@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+def test_any_bytes_are_refused_as_an_image_error_or_decode_as_checked(data: bytes) -> None:
+    """Whatever the bytes, the checks and the decoder either refuse them with an ImageError (a 400) or
+    give pixels of the size that was checked, within the pixel limit."""
+    try:
+        image = check_image(data, "f")
+        picture = open_image(image)
+    except ImageError:
+        return
+    assert picture.size == (image.width, image.height) and image.width * image.height <= 16_000_000

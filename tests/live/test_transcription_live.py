@@ -142,8 +142,8 @@ def test_bad_uploads(server: LiveServer, speech: SpeechClip) -> None:
     assert error["message"] == "The model is not available locally."
     error = _refused(server, data=model, files={"other": ("x", b"1")})
     assert "file" in error["message"]
-    error = _refused(server, json={"model": WHISPER_ID, "file": "abc"})
-    assert error["message"] == "Content-Type must be multipart/form-data"
+    error = _refused(server, 415, json={"model": WHISPER_ID, "file": "abc"})
+    assert error["code"] == "unsupported_media_type" and "reads only multipart/form-data bodies" in error["message"]
     error = _refused(server, files={"file": ("speech.wav", wav)}, data={**model, "language": "xx"})
     assert error["message"].startswith("Unsupported language 'xx'")
     error = _refused(server, files={"file": ("speech.wav", wav)}, data={**model, "language": "de"})

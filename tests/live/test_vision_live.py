@@ -26,7 +26,7 @@ from conftest import TINY_ID, install_folder
 from PIL import Image
 from typesafe_sdk import Noul, TypeSafeClient
 
-from live_server import LiveServer, start_server
+from live_server import LiveServer, free_port, start_server
 
 pytestmark = pytest.mark.slow
 
@@ -65,13 +65,20 @@ def huge_header_png(width: int = 5000, height: int = 4000) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def vision_server(tiny_vision_dirs: dict[str, Path], tiny_model_dir: Path,
-                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+def vision_store(tiny_vision_dirs: dict[str, Path], tiny_model_dir: Path,
+                 tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("vision-store")
     install_folder(root, QWEN_VL, tiny_vision_dirs["qwen3_5_vl"])
     install_folder(root, GEMMA_VL, tiny_vision_dirs["gemma3_vl"])
     install_folder(root, TINY_ID, tiny_model_dir)
-    server = start_server(root, root.parent / "vision-server.log")
+    return root
+
+
+@pytest.fixture(scope="module")
+def vision_server(vision_store: Path) -> Iterator[LiveServer]:
+    root = vision_store
+    # The image host below is on loopback, which only --allow-private-urls lets the server fetch from.
+    server = start_server(root, root.parent / "vision-server.log", "--allow-private-urls")
     yield server
     server.stop()
 
@@ -161,12 +168,25 @@ def _chat_error(server: LiveServer, model: str, content: list[dict]) -> tuple[in
     ("file:///etc/passwd", "Invalid image URL"),
     ("ftp://example.com/cat.png", "Invalid image URL"),
     ("{host}/to-file", "messages.0.content.0 redirects to a URL that is not http or https."),
-    ("{host}/missing", "messages.0.content.0 could not be fetched (HTTP 404)."),
+    ("{host}/missing", "messages.0.content.0 could not be fetched."),
+    ("http://127.0.0.1:{closed}/cat.png", "messages.0.content.0 could not be fetched."),  # reads as a 404 does
+    ("http://name.invalid/cat.png", "messages.0.content.0 could not be fetched."),
     ("{host}/big.png", "messages.0.content.0 is larger than 4 MiB."),
 ])
 def test_chat_refuses_bad_image_urls(vision_server: LiveServer, image_host: str, url: str, message: str) -> None:
-    status, error = _chat_error(vision_server, QWEN_VL, chat_parts(url.format(host=image_host)))
+    status, error = _chat_error(vision_server, QWEN_VL, chat_parts(url.format(host=image_host, closed=free_port())))
     assert (status, error["message"]) == (400, message)
+
+
+def test_without_the_setting_private_addresses_are_not_fetched(vision_store: Path, image_host: str) -> None:
+    strict = start_server(vision_store, vision_store.parent / "vision-strict.log")
+    try:
+        for url in (f"{image_host}/cat.png", "http://localhost/cat.png", "http://169.254.169.254/latest/meta-data",
+                    "http://[::1]/cat.png", "http://10.1.2.3/cat.png"):
+            status, error = _chat_error(strict, QWEN_VL, chat_parts(url))
+            assert status == 400 and "--allow-private-urls" in error["message"], (url, error)
+    finally:
+        strict.stop()
 
 
 def test_images_on_a_text_model_are_refused_by_every_route(vision_server: LiveServer) -> None:
