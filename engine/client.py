@@ -78,6 +78,7 @@ from swama.engine.errors import (
     NotFound,
     Unavailable,
     WrongModel,
+    out_of_memory,
 )
 from swama.engine.files.aliases import DEFAULT_MODEL, AliasEntry
 from swama.engine.files.kinds import (
@@ -102,6 +103,7 @@ from swama.engine.ranks.group import (
     EXIT_GROUP_FAILED,
     FAILURE_LINE,
     READY_LINE,
+    SERVING_LINE,
     STARTUP_TIMEOUT,
     GroupFailed,
     RankGroup,
@@ -143,9 +145,10 @@ from swama.engine.text.tokenize import Tokenized, TokenizeJob
 from swama.engine.text.tool_calls import ToolCall
 
 __all__ = [
+    "out_of_memory",
     "kv_cache_entry",
     # ranks: one model split across processes
-    "EXIT_GROUP_FAILED", "FAILURE_LINE", "READY_LINE", "STARTUP_TIMEOUT", "GroupFailed", "RankGroup", "current_group",
+    "EXIT_GROUP_FAILED", "FAILURE_LINE", "READY_LINE", "SERVING_LINE", "STARTUP_TIMEOUT", "GroupFailed", "RankGroup", "current_group",
     "follow_group", "gpu_count", "group_backend", "join_group", "split_of",
     # constants
     "CALIBRATION_METHODS", "CLIENT_CLOSED", "DEBIAS_METHODS", "DECISION", "DEFAULT_MODEL", "DEFAULT_TEMPERATURE", "DEFAULT_TOP_P", "DEVICE_CHOICES",

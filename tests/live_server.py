@@ -57,7 +57,7 @@ def start_server(models_root: Path, log: Path, *args: str, env: dict[str, str] |
         if proc.poll() is not None:
             raise RuntimeError(f"server exited early:\n{log.read_text(errors='replace')}")
         try:
-            if httpx.get(url + "/openapi.json", timeout=1).status_code == 200:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:  # open with --api-key too
                 return LiveServer(url, proc, log)
         except httpx.HTTPError:
             pass
@@ -121,3 +121,19 @@ def read_http_answer(conn: socket.socket) -> bytes:
         if not part:
             return answer
         answer += part
+
+
+def processes_marked(variable: str, value: str) -> list[int]:
+    """The processes whose environment holds `variable`=`value` (a test's mark, inherited by every
+    process a server starts)."""
+    found = []
+    needle = f"{variable}={value}".encode()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if needle in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+

@@ -39,6 +39,7 @@ STARTUP_TIMEOUT = 900.0  # seconds the ranks may take to connect, and to load th
 HEARTBEAT = 1.0  # seconds between the empty plans an idle rank 0 shares
 EXIT_GROUP_FAILED = 75  # the exit status of a rank whose group failed (EX_TEMPFAIL: start it again)
 FAILURE_LINE = "swama: rank group failed: "  # the line a failing rank writes, for whoever started it
+SERVING_LINE = "swama: rank 0 serves HTTP"  # what rank 0 writes once its server has started, after READY_LINE
 READY_LINE = "swama: every rank is ready"  # the line rank 0 writes once the whole group ran its first step
 GRACE = 2.0  # seconds rank 0 leaves the event loop to send the 503s before it exits
 DOORBELL_TIMEOUT = 30.0  # seconds the ranks may take to connect their doorbells, once joined

@@ -85,11 +85,16 @@ def _bounded(parts: Iterator[bytes], limit: int, too_large: ApiError) -> bytes:
     return b"".join(out)
 
 
-async def read_body(request: Request, path: str) -> bytes:
+def _too_large(path: str) -> tuple[int, ApiError]:
     path = _limit_key(path)
     limit = BODY_LIMITS.get(path, DEFAULT_BODY_LIMIT)
-    too_large = ApiError(413, TOO_LARGE.get(path, f"The request body is larger than {limit // MiB} MiB."),
-                         code="request_too_large")
+    return limit, ApiError(413, TOO_LARGE.get(path, f"The request body is larger than {limit // MiB} MiB."),
+                           code="request_too_large")
+
+
+async def read_raw_body(request: Request, path: str) -> bytes:
+    """The body as sent (still compressed, if it is), refused with a 413 once it passes the route's limit."""
+    limit, too_large = _too_large(path)
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise too_large
@@ -99,6 +104,11 @@ async def read_body(request: Request, path: str) -> bytes:
         if size > limit:
             raise too_large
         chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_body(request: Request, path: str) -> bytes:
+    raw = await read_raw_body(request, path)
+    limit, too_large = _too_large(path)
     # Decoding is heavy work: it runs in Starlette's bounded thread pool, off the event loop.
-    return await run_in_threadpool(_decode, b"".join(chunks), request.headers.get("content-encoding", ""), limit,
-                                   too_large)
+    return await run_in_threadpool(_decode, raw, request.headers.get("content-encoding", ""), limit, too_large)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from swama.handlers.http.body import read_raw_body
 from swama.handlers.http.errors import ApiError
 from swama.handlers.scale.affinity import affinity_key
 from swama.handlers.scale.failures import StreamWatch, failure_message, failure_response, replica_failed
@@ -45,12 +46,25 @@ def _busy(exc: BaseException) -> bool:
 class Ingress:
     """The ingress deployment's class (replicas.py makes it a Serve deployment)."""
 
-    def __init__(self, engine: DeploymentHandle) -> None:
+    def __init__(self, engine: DeploymentHandle, api_key: str | None = None) -> None:
         self.engine = engine.options(stream=True)
+        self.api_key = api_key
+
+    def _keyed(self, request: Request) -> bool:
+        """Whether the request may carry a body to a replica: no key is set, or it sends one (the replica
+        checks it is the right one, answering in the route's envelope)."""
+        if not self.api_key:
+            return True
+        return request.headers.get("authorization", "").startswith("Bearer ") or "x-api-key" in request.headers
 
     async def __call__(self, request: Request) -> Response:
-        body = await request.body()
         path = request.url.path
+        # The body is read only for a request that sends a key, and only up to the route's limit: one
+        # without is forwarded bodiless, for the replica to refuse in the route's envelope.
+        try:
+            body = await read_raw_body(request, path) if self._keyed(request) else b""
+        except ApiError as err:
+            return failure_response(path, err)
         forwarded = ForwardedRequest(request.method, path, request.scope.get("query_string", b""),
                                      list(request.scope["headers"]), body,
                                      tuple(request.client) if request.client else None, request.url.scheme)

@@ -30,7 +30,7 @@ from swama.engine.client import (
     EXIT_GROUP_FAILED,
     FAILURE_LINE,
     LANGUAGE,
-    READY_LINE,
+    SERVING_LINE,
     STARTUP_TIMEOUT,
     BadInput,
     GroupFailed,
@@ -112,7 +112,7 @@ class Outcome:
     """How a started group ended."""
 
     reason: str
-    served: bool  # it came up (rank 0 listened) before it ended
+    served: bool  # it came up (rank 0's server started) before it ended
     failed_rank: int | None = None
 
 
@@ -132,7 +132,7 @@ class _Group:
         def copy() -> None:
             for raw in iter(stream.readline, b""):
                 line = raw.decode(errors="replace")
-                if READY_LINE in line:
+                if SERVING_LINE in line:  # rank 0's server started, not only its group
                     self.served.set()
                 if FAILURE_LINE in line:
                     self.failures.append(line.split(FAILURE_LINE, 1)[1].strip())

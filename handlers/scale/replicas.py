@@ -129,7 +129,7 @@ def application(settings: ServerSettings) -> Any:
     # One ingress, so that one router instance sees every request and its affinity map stays whole.
     ingress = serve.deployment(Ingress, name="ingress", num_replicas=1,
                                max_ongoing_requests=100_000, ray_actor_options={"num_cpus": 0})
-    return ingress.bind(engine)
+    return ingress.bind(engine, settings.api_key)
 
 
 def _port_free(host: str, port: int) -> bool:

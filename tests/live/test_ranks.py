@@ -30,7 +30,7 @@ from precision import (
     tol,
 )
 
-from live_server import LiveServer, start_server
+from live_server import LiveServer, free_port, processes_marked, start_server
 from swama.engine.files.store import ModelStore
 from swama.engine.text.prompt_disk import fingerprint
 
@@ -353,6 +353,29 @@ def test_hostfile_with_two_loopback_entries(model_store: Path, tmp_path: Path, m
     finally:
         server.stop()
     _gone([r["pid"] for r in group["ranks"]])  # stopping the server stops mlx.launch's ranks too
+
+
+def test_a_group_whose_rank_0_cannot_serve_ends_every_process(model_store: Path, tmp_path: Path) -> None:
+    """Rank 0 fails its HTTP start-up (another server holds the data folder): the group ends, every
+    process of it, within a bound, instead of rank 1 spinning on a group nobody serves."""
+    data = tmp_path / "held"
+    holder = start_server(model_store, tmp_path / "holder.log", env={"SWAMA_DATA": str(data)})
+    mark = f"rank0-fails-{os.getpid()}-{time.monotonic_ns()}"  # every process of the group inherits it
+    try:
+        done = subprocess.run([sys.executable, "-m", "swama.handlers.cli", "serve", TINY_ID, "--ranks", "2", *RING,
+                               "--rank-timeout", RANK_TIMEOUT, "--rank-restarts", "0", "--port", str(free_port())],
+                              env={**os.environ, "SWAMA_MODELS": str(model_store), "SWAMA_DATA": str(data),
+                                   "SWAMA_TEST_MARK": mark}, capture_output=True, text=True, timeout=120)
+    finally:
+        holder.stop()
+        deadline = time.monotonic() + 15  # the supervisor has returned: its ranks are ending, within a bound
+        while (left := [p for p in processes_marked("SWAMA_TEST_MARK", mark) if _alive(p)]) \
+                and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for pid in left:  # never leave a spinning rank to the rest of the suite
+            os.kill(pid, signal.SIGKILL)
+    assert done.returncode == 1 and "giving up" in done.stderr, done.stderr[-3000:]
+    assert left == [], "processes of the group were left running"
 
 
 def _gone(pids: list[int]) -> None:

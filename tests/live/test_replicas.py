@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -19,7 +20,7 @@ import httpx
 import pytest
 from conftest import SMOLLM2_ID, TINY_ID
 
-from live_server import LiveServer, start_server
+from live_server import LiveServer, processes_marked, read_http_answer, start_server
 
 pytestmark = pytest.mark.slow
 
@@ -34,20 +35,6 @@ STORY = "Write a very long story about a lighthouse keeper and the ships he saw.
 class Replicated:
     server: LiveServer
     mark: str
-
-
-def _marked(mark: str) -> list[int]:
-    """The processes carrying `mark` in their environment."""
-    found = []
-    needle = f"{MARK}={mark}".encode()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if needle in (entry / "environ").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 def _stop(server: LiveServer) -> int | None:
@@ -161,12 +148,23 @@ def test_a_replica_that_dies_fails_its_requests_clearly_and_the_other_answers(re
         assert r.status_code == 200 and r.headers["x-swama-replica"] != victim
 
 
+def test_the_ingress_refuses_a_body_past_the_routes_limit_before_reading_it(replicated: Replicated) -> None:
+    """A request declaring 10 GiB of body is refused at once by its declared length; the ingress read
+    every body whole before, with no limit (this one it would have waited for)."""
+    port = int(replicated.server.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as raw:
+        raw.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: 10737418240\r\n\r\n{")
+        answer = read_http_answer(raw).decode()
+    assert answer.startswith("HTTP/1.1 413") and "request_too_large" in answer, answer[:500]
+
+
 def test_stopping_the_server_stops_ray_and_leaves_no_process(replicated: Replicated) -> None:
-    session = _marked(replicated.mark)
+    session = processes_marked(MARK, replicated.mark)
     names = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in session if Path(f"/proc/{pid}").exists()]
     assert any(b"raylet" in n for n in names) and any(b"ServeReplica" in n for n in names)
     assert _stop(replicated.server) == 0
     deadline = time.monotonic() + 30
-    while (left := _marked(replicated.mark)) and time.monotonic() < deadline:
+    while (left := processes_marked(MARK, replicated.mark)) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not left, [Path(f"/proc/{pid}/cmdline").read_bytes()[:120] for pid in left]
