@@ -36,6 +36,7 @@ message. Each carries:
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar
 
 RETRY_AFTER_SECONDS = 1
@@ -187,3 +188,31 @@ class PyPISourceError(ModelFileError, RuntimeError):
 
 class WhisperConversionError(ModelFileError):
     """A CTranslate2 Whisper model that cannot be converted."""
+
+
+# How MemoryError aside the libraries word running out: NumPy ("Unable to allocate 8.00 PiB"), MLX's
+# allocators ("[malloc] Unable to allocate", "[cuda::malloc] Failed to allocate"), CUDA ("out of memory").
+_OUT_OF_MEMORY = ("out of memory", "unable to allocate", "failed to allocate", "bad_alloc")
+
+
+def out_of_memory(exc: BaseException) -> Unavailable | None:
+    """The 503 a request that ran the host or the device out of memory gets (the work is lost, the
+    server goes on serving); None for any other failure. A failure from the engine process arrives as
+    the Failed that names it."""
+    text = str(exc).strip()
+    if not (isinstance(exc, MemoryError)
+            or isinstance(exc, RuntimeError | Failed) and any(m in text.lower() for m in _OUT_OF_MEMORY)):
+        return None
+    what = text.splitlines()[0][:200] if text else type(exc).__name__
+    return Unavailable(f"The server ran out of memory for this request ({what}); it goes on serving. Retry "
+                       "later, or send a smaller request.", code="insufficient_memory")
+
+
+_FOLDERS = re.compile(r"(?:[A-Za-z]:)?(?:[/\\][^\s'\"/\\:]+)+[/\\]([^\s'\"/\\:]+)")
+
+
+def without_folders(text: str) -> str:
+    """`text` with every absolute path cut to its last part: what a client is told names no folder of
+    the server's disk."""
+    return _FOLDERS.sub(r"\1", text)
+

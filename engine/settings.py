@@ -88,6 +88,9 @@ class EngineSettings(StoreSettings):
     default_max_tokens: int | None = option(
         None, "cap for generations that ask for no limit", env="SWAMA_MAX_TOKENS", flags=("--max-tokens",),
         metavar="TOKENS", default_text="the context limit", ge=1)
+    grammar_compile_seconds: float = option(
+        10.0, "the longest a structured output's schema or strict tools may take to compile; past it the request is "
+              "refused (compiles run two at a time, beside the model's work)", metavar="SECONDS", gt=0, le=600)
     max_queue: int = option(64, "requests that may wait across all models before new ones get 429 with "
                                 "Retry-After", metavar="N", ge=0)
     max_model_queue: int = option(32, "requests that may wait for one model before new ones get 429",

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from swama.engine.adapters.formats import AdapterFormatError, AdapterWeights, read_adapter
-from swama.engine.errors import LoadFailed, Unavailable
+from swama.engine.errors import LoadFailed, Unavailable, without_folders
 
 _ADAPTED: dict[type, type] = {}  # a linear layer's class: its subclass that adds the selected adapter
 
@@ -66,7 +66,7 @@ class AdapterBank:
                 try:
                     adapter = read_adapter(folder)
                 except (AdapterFormatError, OSError, KeyError, ValueError) as exc:
-                    raise LoadFailed(f"Adapter '{adapter_id}' could not be loaded from {folder}: {exc}. Its files may be "
+                    raise LoadFailed(f"Adapter '{adapter_id}' could not be loaded: {without_folders(str(exc))}. Its files may be "
                                      f"damaged; install it again (swama rm {adapter_id}, then swama create "
                                      "ADAPTER_DIR --base MODEL).") from None
                 self._load(adapter_id, adapter)

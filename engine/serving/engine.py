@@ -45,6 +45,7 @@ from swama.engine.serving.turn import PromptScore
 from swama.engine.settings import EngineSettings, SettingsError
 from swama.engine.speculative.policy import speculation_of
 from swama.engine.text.generator import ChatRequest, Event, Finished, generate, prompt_ids
+from swama.engine.text.grammar import CompileBudget
 from swama.engine.text.kv_policy import use_kv_quant
 from swama.engine.text.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, prompt_logprobs
 from swama.engine.text.prompt_cache import PromptCache, prompt_cache_for, prompt_cache_of
@@ -298,6 +299,7 @@ class Engine(InstalledModels):
             cache = prompt_cache_for(model, self.settings.prompt_cache_budget(), self.settings.prompt_disk_dir(),
                                      self.settings.prompt_cache_disk_bytes, shard_name(group_of(model)))
             model.beside.set(PromptCache, cache)  # the same cache for requests served alone
+            model.beside.set(CompileBudget, CompileBudget(self.settings.grammar_compile_seconds))
             scheduler = Scheduler(model, prompt_cache=cache, batching=self.settings.batching,
                                   rows=self.settings.batch_rows, prefill_step=self.settings.prefill_step,
                                   prefill_wait=self.settings.prefill_wait,

@@ -26,7 +26,15 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from swama.engine.errors import RETRY_AFTER_SECONDS, Busy, EngineError, LoadFailed, NotFound, Unavailable
+from swama.engine.errors import (
+    RETRY_AFTER_SECONDS,
+    Busy,
+    EngineError,
+    LoadFailed,
+    NotFound,
+    Unavailable,
+    without_folders,
+)
 from swama.engine.files.store import InstalledModel, ModelStore
 from swama.engine.model import LoadedModel
 from swama.engine.runtime import available_bytes
@@ -57,9 +65,11 @@ class _Entry:
 
 
 def _load_failed(model_id: str, path: object, exc: Exception) -> LoadFailed:
-    """A model whose files do not load: damaged, incomplete or not what their config says."""
+    """A model whose files do not load: damaged, incomplete or not what their config says. The answer
+    names no folder of the server's disk (the log does): paths in the reason are cut to their last part."""
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return LoadFailed(f"Model '{model_id}' could not be loaded from {path}: {reason[:300]}. Its files may be "
+    log.warning("model %s could not be loaded from %s: %s", model_id, path, reason)
+    return LoadFailed(f"Model '{model_id}' could not be loaded: {without_folders(reason)[:300]}. Its files may be "
                       f"damaged or incomplete; reinstall it (swama rm {model_id}, then swama pull or swama create).")
 
 

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -52,10 +54,26 @@ class Constraint:
 _UNIMPLEMENTED = re.compile(r'Unimplemented keys: \[(.*)\]')
 
 
+# Grammars compile in a pool of their own: a schema that compiles slowly holds at most these threads
+# while every other request goes on, and each compile has a time budget (CompileBudget), past which
+# its request is refused. A compile past its budget cannot be stopped (llguidance runs it in native
+# code): it finishes in its thread, bounded by llguidance's own fuel limits, and no one waits for it.
+COMPILE_THREADS = 2
+_COMPILES = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="swama-grammar")
+
+
+@dataclass(frozen=True)
+class CompileBudget:
+    """How long one request's grammar may take to compile (--grammar-compile-seconds), kept beside the model."""
+
+    seconds: float = 10.0
+
+
 class Grammars:
     """One model's llguidance tokenizer and compiled grammars, by constraint (the most recent `capacity`)."""
 
-    def __init__(self, tokenizer: Any, width: int, eos: list[int], capacity: int = 64) -> None:
+    def __init__(self, tokenizer: Any, width: int, eos: list[int], capacity: int = 64,
+                 budget: CompileBudget = CompileBudget()) -> None:
         import llguidance.hf
 
         # Made once per model: it walks the vocabulary. Sized to the logits' width, which may exceed
@@ -65,23 +83,37 @@ class Grammars:
         self.width = width
         self.eos = eos[0] if eos else self.ll.eos_token
         self.capacity = capacity
+        self.budget = budget
         self._compiled: OrderedDict[tuple[Constraint, tuple[str, str]], str] = OrderedDict()
+        self._lock = threading.Lock()  # compiles of several requests run at once
 
     def compile(self, constraint: Constraint, call_format: tuple[str, str]) -> str:
         """The llguidance grammar of `constraint` (cached); BadInput when it cannot be enforced."""
         key = (constraint, call_format)
-        grammar = self._compiled.get(key)
-        if grammar is None:
-            grammar = _grammar(constraint, call_format)
+        with self._lock:
+            grammar = self._compiled.get(key)
+            if grammar is not None:
+                self._compiled.move_to_end(key)
+                return grammar
+        grammar = _grammar(constraint, call_format)
+        with self._lock:
             self._compiled[key] = grammar
             while len(self._compiled) > self.capacity:
                 self._compiled.popitem(last=False)
-        else:
-            self._compiled.move_to_end(key)
         return grammar
 
     def matcher(self, constraint: Constraint, call_format: tuple[str, str]) -> Any:
-        """A fresh matcher for one request."""
+        """A fresh matcher for one request, compiled in the grammar pool within the budget (BadInput past it)."""
+        compiling = _COMPILES.submit(self._matcher, constraint, call_format)
+        try:
+            return compiling.result(timeout=self.budget.seconds)
+        except TimeoutError:
+            compiling.cancel()  # one still queued never runs
+            raise BadInput(f"The output format did not compile within {self.budget.seconds:g} s "
+                           "(--grammar-compile-seconds): simplify its schema (fewer or simpler patterns, "
+                           "fewer alternatives).", code="schema_too_complex") from None
+
+    def _matcher(self, constraint: Constraint, call_format: tuple[str, str]) -> Any:
         from llguidance import LLMatcher
 
         matcher = LLMatcher(self.ll, self.compile(constraint, call_format), log_level=0)
@@ -96,7 +128,8 @@ def grammars(model: LoadedModel) -> Grammars:
     def make() -> Grammars:
         tokenizer = model.tokenizer
         first = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-        return Grammars(tokenizer, model.vocab_size, first + sorted(model.eos_ids - set(first)))
+        return Grammars(tokenizer, model.vocab_size, first + sorted(model.eos_ids - set(first)),
+                        budget=model.beside.get(CompileBudget) or CompileBudget())
 
     return model.beside.setdefault(Grammars, make)
 

@@ -104,6 +104,10 @@ class DiskTier:
 
     def __post_init__(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
+        # Blocks hold the conversations' keys and values: readable by this user only, the cache
+        # folder and the model's folder in it (files inside a 0700 folder are out of others' reach).
+        for folder in (self.root.parent, self.root):
+            os.chmod(folder, 0o700)
         self._queue: queue.Queue[_Write | list[str] | None] = queue.Queue()
         self._pending: set[str] = set()  # names queued, not yet on disk
         self._lock = threading.Lock()

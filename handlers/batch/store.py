@@ -72,6 +72,7 @@ class BatchStore:
         self.root = root
         self.files_dir = root / "files"
         self.files_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(root, 0o700)  # uploads, results and the job database: this user's only
         # One server per data folder: two would both run its jobs.
         self._owner = open(root / "owner.lock", "w")  # noqa: SIM115 (held open while the store lives)
         try:
@@ -117,6 +118,10 @@ class BatchStore:
                        (file_id, purpose, filename, len(data), now, expires_at))
         return {"id": file_id, "purpose": purpose, "filename": filename, "bytes": len(data), "created_at": now,
                 "expires_at": expires_at}
+
+    def stored_bytes(self) -> int:
+        """The bytes of every file held (expired ones go when next read)."""
+        return int(self._query("SELECT COALESCE(SUM(bytes), 0) AS total FROM files")[0]["total"])
 
     def file(self, file_id: str) -> dict[str, Any] | None:
         rows = self._query("SELECT * FROM files WHERE id = ?", (file_id,))

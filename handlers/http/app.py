@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import sys
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
@@ -12,13 +13,15 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from swama.engine.client import EngineClient, open_engine
+from swama.engine.client import SERVING_LINE, EngineClient, current_group, open_engine
 from swama.generated.routes import router
 from swama.handlers.batch.runner import BatchRunner
 from swama.handlers.batch.store import BatchStore
 from swama.handlers.http.errors import ApiError, error_body
 from swama.handlers.http.observability import AccessMiddleware, Metrics
 from swama.handlers.http.openapi import family_for, merged_spec
+from swama.handlers.http.origins import guard_origins
+from swama.handlers.http.pipeline import key_given
 from swama.handlers.http.playground import mount_playground
 from swama.handlers.http.settings import ServerSettings, server_default_model
 from swama.handlers.http.version import package_version
@@ -31,11 +34,17 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.start()
-        # Files and batch jobs: durable, in the data folder; the jobs left unfinished resume now.
-        store = app.state.batch_store = BatchStore(settings.data_dir)
-        batches = app.state.batches = BatchRunner(app, store, settings.batch_lines, settings.api_key)
-        metrics.watch_batches(batches.line_counts)
-        await batches.start()
+        try:
+            # Files and batch jobs: durable, in the data folder; the jobs left unfinished resume now.
+            store = app.state.batch_store = BatchStore(settings.data_dir)
+            batches = app.state.batches = BatchRunner(app, store, settings.batch_lines, settings.api_key)
+            metrics.watch_batches(batches.line_counts)
+            await batches.start()
+        except BaseException:  # a start-up that fails here (the data folder is another server's) ends the engine
+            await engine.close()  # too: its threads, and on rank 0 the group, would keep the process alive
+            raise
+        if current_group() is not None:  # rank 0 of a group: the supervisor counts the group as serving now
+            print(SERVING_LINE, file=sys.stderr, flush=True)
         yield
         await batches.close()
         store.close()
@@ -45,6 +54,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.engine = engine
     app.include_router(router)
+    guard_origins(app, settings)  # inside the access log, which records what they refuse
     metrics = _operational_endpoints(app, settings, engine)
     if settings.ui:
         mount_playground(app)
@@ -60,17 +70,21 @@ def _operational_endpoints(app: FastAPI, settings: ServerSettings, engine: Engin
     app.add_middleware(AccessMiddleware, metrics=metrics)
 
     @app.get("/openapi.json", include_in_schema=False)
-    async def openapi() -> JSONResponse:
+    async def openapi(request: Request) -> JSONResponse:
+        _check_operational_key(request, settings)
         return JSONResponse(merged_spec())
 
     @app.get("/metrics", include_in_schema=False)
-    async def prometheus() -> Response:
+    async def prometheus(request: Request) -> Response:
+        _check_operational_key(request, settings)
         await engine.refresh()
         body, media_type = metrics.exposition()
         return Response(body, media_type=media_type)
 
     @app.get("/health", include_in_schema=False)
-    async def health() -> JSONResponse:
+    async def health(request: Request) -> JSONResponse:
+        if not key_given(request, settings):  # open for liveness checks, and then it tells nothing more
+            return JSONResponse({"status": "ok"})
         await engine.refresh()
         status, default = engine.status(), server_default_model(settings, engine)
         return JSONResponse({"status": "ok", "version": package_version(), "models_loaded": status.models_loaded,
@@ -80,6 +94,12 @@ def _operational_endpoints(app: FastAPI, settings: ServerSettings, engine: Engin
                              **({"engine_process": status.process} if status.process is not None else {})})
 
     return metrics
+
+
+def _check_operational_key(request: Request, settings: ServerSettings) -> None:
+    if not key_given(request, settings):
+        raise StarletteHTTPException(401, "Missing or wrong API key: send 'Authorization: Bearer <key>'.",
+                                     headers={"WWW-Authenticate": "Bearer"})
 
 
 def _workers_ai_model(path: str) -> str | None:
@@ -108,6 +128,9 @@ async def _unknown_route(request: Request, exc: StarletteHTTPException) -> JSONR
         message, code, status = f"No such model {model} or task.", "model_not_found", 400
     elif exc.status_code == 404:
         message = f"Unknown route: {request.method} {request.url.path}."
+    elif exc.status_code == 401:
+        code = "invalid_api_key"
+        message = str(exc.detail)
     else:
         message = str(exc.detail)
     err = ApiError(status, message, code=code)

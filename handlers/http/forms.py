@@ -9,7 +9,7 @@ from typing import Any
 import pydantic
 from fastapi import Request
 
-from swama.handlers.http.errors import bad_request
+from swama.handlers.http.errors import ApiError, bad_request
 from swama.handlers.http.strict_json import StrictJSONError, parse_strict_json
 
 
@@ -19,7 +19,8 @@ async def read_form(request: Request, body: bytes, model: type[pydantic.BaseMode
 
     content_type = request.headers.get("content-type", "")
     if not content_type.lower().startswith("multipart/form-data"):
-        raise bad_request("Content-Type must be multipart/form-data", code="invalid_content_type")
+        raise ApiError(415, f"This route takes a multipart/form-data body (got {content_type!r}).",
+                       code="unsupported_media_type")
 
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": body, "more_body": False}

@@ -23,12 +23,24 @@ SPEC_FILES = ("openai.yaml", "decisions.yaml", "systemone.yaml", "workers_ai.yam
 ANTHROPIC_PATH = "/v1/messages"
 
 
+# What every route applies before its own rules (handlers/http/origins.py, pipeline.py, app.py).
+SERVER_RULES = (
+    "Rules every route applies before its own. A request body must carry the media type its operation "
+    "lists (application/json, or multipart/form-data for uploads); any other type, or none, is a 415. The Host "
+    "header must name the server's bound address, a loopback name (localhost, 127.0.0.1, ::1) or a host of "
+    "--allowed-hosts (any IP address too when the server listens on every address); any other is a 400. A request "
+    "carrying an Origin header other than the server's own is a 403 unless --cors-origins lists that origin, and "
+    "CORS preflights are answered only for the listed origins. With --api-key set, every route, /metrics and "
+    "/openapi.json need the key; /health answers without it with its status alone, and the playground's static "
+    "page (/ and /ui/) holds no data.")
+
+
 @functools.cache
 def merged_spec() -> dict[str, Any]:
     """One OpenAPI document for every route we serve, built from the pinned specs."""
     merged: dict[str, Any] = {
         "openapi": "3.1.0",
-        "info": {"title": "swama", "version": package_version()},
+        "info": {"title": "swama", "version": package_version(), "description": SERVER_RULES},
         "paths": {},
         "components": {"schemas": {}},
     }

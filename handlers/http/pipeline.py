@@ -26,9 +26,10 @@ from typing import Any
 import pydantic
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
-from swama.engine.client import EngineClient, EngineError
+from swama.engine.client import EngineClient, EngineError, out_of_memory
 from swama.handlers.http.body import read_body
 from swama.handlers.http.errors import ApiError, bad_request, engine_error, error_body
 from swama.handlers.http.forms import read_form
@@ -37,6 +38,9 @@ from swama.handlers.http.settings import ServerSettings
 from swama.handlers.http.strict_json import StrictJSONError, parse_strict_json
 
 log = logging.getLogger("swama")
+# Bodies up to this size are parsed on the event loop (well under a millisecond); larger ones in
+# Starlette's bounded thread pool, so a 13 MiB body does not hold /health for the time it takes.
+INLINE_JSON_BYTES = 64 * 1024
 
 @dataclass(frozen=True)
 class Operation:
@@ -152,8 +156,13 @@ def _same_secret(given: str, expected: str) -> bool:
     return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), expected.encode("utf-8", "surrogatepass"))
 
 
+def key_given(request: Request, settings: ServerSettings) -> bool:
+    """Whether the request may pass the API key check: no key is set, or it sends the key as a bearer token."""
+    return not settings.api_key or _same_secret(request.headers.get("authorization", ""), f"Bearer {settings.api_key}")
+
+
 def _check_key(op: Operation, request: Request, settings: ServerSettings) -> None:
-    if not settings.api_key or _same_secret(request.headers.get("authorization", ""), f"Bearer {settings.api_key}"):
+    if key_given(request, settings):
         return
     if op.family == "anthropic":
         # Anthropic's clients send the key as x-api-key; a bearer token is taken as on every route.
@@ -165,6 +174,17 @@ def _check_key(op: Operation, request: Request, settings: ServerSettings) -> Non
     kind = "authentication_error" if op.family == "systemone" else None
     raise ApiError(401, "Missing or wrong API key: send 'Authorization: Bearer <key>'.",
                    code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}, kind=kind)
+
+
+def _check_media_type(op: Operation, request: Request) -> None:
+    """A route reads only a body labelled with its own media type: a browser sends text/plain (or no
+    type) across origins without asking first, so a JSON route refuses any other type unread."""
+    expected = op.media_type or "application/json"
+    given = request.headers.get("content-type", "")
+    if given.split(";", 1)[0].strip().lower() != expected:
+        named = f"got {given!r}" if given else "the request named no type"
+        raise ApiError(415, f"{op.method} {op.path} reads only {expected} bodies: send 'Content-Type: {expected}' "
+                            f"({named}).", code="unsupported_media_type")
 
 
 def error_response(op: Operation, err: ApiError, extra_headers: dict[str, str] | None = None) -> JSONResponse:
@@ -197,12 +217,15 @@ async def dispatch(op: Operation, request: Request) -> Response:
         rules = rules_of(handler)
         parsed: pydantic.BaseModel | None = None
         if op.method == "POST" and op.request_model is not None:  # a POST with no body to read: a cancel
+            _check_media_type(op, request)
             call.body = await read_body(request, op.path)
             if op.media_type == "multipart/form-data":
                 assert op.request_model is not None
                 parsed = validate(op.request_model, rules, await read_form(request, call.body, op.request_model))
-            else:
+            elif len(call.body) <= INLINE_JSON_BYTES:
                 parsed = parse_json_request(op, rules, call.body)
+            else:  # a large body's parse and checks take milliseconds: off the event loop
+                parsed = await run_in_threadpool(parse_json_request, op, rules, call.body)
         result = await handler(call, parsed)
     except ClientDisconnect:
         # The client went away before its body arrived: nobody is left to answer.
@@ -211,8 +234,11 @@ async def dispatch(op: Operation, request: Request) -> Response:
     except ApiError as err:
         return error_response(op, err, call.extra_headers)
     except EngineError as exc:
-        return error_response(op, engine_error(exc), call.extra_headers)
-    except Exception:  # a bug or a backend failure: never leak a traceback, never a bare 500 page
+        return error_response(op, engine_error(out_of_memory(exc) or exc), call.extra_headers)
+    except Exception as exc:  # a bug or a backend failure: never leak a traceback, never a bare 500 page
+        if (oom := out_of_memory(exc)) is not None:
+            log.warning("%s ran out of memory: %s", op.operation_id, exc)
+            return error_response(op, engine_error(oom), call.extra_headers)
         log.exception("unhandled error in %s", op.operation_id)
         return error_response(op, ApiError(500, "Internal server error.", code="server_error"), call.extra_headers)
     if isinstance(result, Response):

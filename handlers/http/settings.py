@@ -5,6 +5,7 @@ written once with its default, its environment variable, its help text and its b
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pydantic import ValidationInfo, field_validator, model_validator
 
@@ -17,6 +18,7 @@ from swama.engine.client import (
     InstalledModel,
     option,
 )
+from swama.handlers.media.audio_decode import MAX_AUDIO_SECONDS, MAX_SAMPLE_RATE
 
 
 class ServerSettings(EngineSettings):
@@ -24,6 +26,28 @@ class ServerSettings(EngineSettings):
     port: int = option(28100, "port to listen on", metavar="PORT", ge=1, le=65535)
     api_key: str | None = option(None, "require 'Authorization: Bearer KEY' on every route", metavar="KEY",
                                  default_text="none")
+    allowed_hosts: str = option(
+        "", "host names the server answers to beside its bound address and localhost, comma-separated "
+            "('*.example.com' takes its subdomains, '*' any name); any other Host header is refused, which stops "
+            "a web page from reaching the server by rebinding its own name to this address",
+        metavar="HOST,...", default_text="none")
+    cors_origins: str = option(
+        "", "origins of web pages (scheme://host:port) that may call the API from a browser, comma-separated "
+            "('*': any page); a request from any other page is refused (the playground, same-origin, always works)",
+        metavar="ORIGIN,...", default_text="none")
+    allow_private_urls: bool = option(
+        False, "fetch image URLs that point at private, loopback or link-local addresses too (by default only "
+               "public addresses are fetched, so a request cannot make the server reach into its own network)")
+    max_audio_seconds: float = option(
+        MAX_AUDIO_SECONDS, "the longest audio an upload may hold, by its header and as it is decoded",
+        metavar="SECONDS", gt=0)
+    max_audio_sample_rate: int = option(
+        MAX_SAMPLE_RATE, "the highest sample rate an audio upload may have (its samples are held at that rate "
+                         "before resampling to 16 kHz)", metavar="HZ", ge=16000)
+    files_quota_bytes: int = option(10 * 1024 ** 3, "the most bytes the files uploaded to /v1/files may take "
+                                                     "together in the data folder", metavar="BYTES", ge=0)
+    max_choices: int = option(128, "the most completions one /v1/completions request may ask for: its prompts "
+                                   "times n", metavar="N", ge=1, le=4096)
     log_level: str = option("info", "how much the server logs", choices=("critical", "error", "warning", "info",
                                                                          "debug"))
     ui: bool = option(True, "do not serve the browser playground at / and /ui/; the API is unchanged",
@@ -90,6 +114,32 @@ class ServerSettings(EngineSettings):
             raise ValueError(f"{flag} must be one of {', '.join(methods)} (got {value!r})")
         return value
 
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _host_patterns(cls, value: str) -> str:
+        for host in _listed(value):
+            if host != "*" and ("*" in host[1:] or host.startswith("*") and not host.startswith("*.")):
+                raise ValueError(f"--allowed-hosts: {host!r} is not a host name, '*.domain' or '*'")
+        return value
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, value: str) -> str:
+        for origin in _listed(value):
+            parts = urlsplit(origin)
+            if origin != "*" and (parts.scheme not in ("http", "https") or not parts.netloc
+                                  or parts.path.strip("/") or parts.query):
+                raise ValueError(f"--cors-origins: {origin!r} is not an origin such as 'http://localhost:3000' or '*'")
+        return value
+
+    @property
+    def allowed_host_list(self) -> list[str]:
+        return [h.lower() for h in _listed(self.allowed_hosts)]
+
+    @property
+    def cors_origin_list(self) -> list[str]:
+        return [o.rstrip("/").lower() for o in _listed(self.cors_origins)]
+
     @model_validator(mode="after")
     def _one_way_to_scale(self) -> ServerSettings:
         if self.ranks is not None and self.hostfile is not None:
@@ -114,6 +164,10 @@ class ServerSettings(EngineSettings):
     def replicated(self) -> bool:
         """Whether copies of the engine run behind one endpoint (Ray Serve)."""
         return self.replicas is not None or self.min_replicas is not None
+
+
+def _listed(value: str) -> list[str]:
+    return [item.strip() for item in value.split(",") if item.strip()]
 
 
 def server_default_model(settings: ServerSettings, engine: EngineClient) -> InstalledModel | None:

@@ -37,7 +37,7 @@ from swama.engine.client import (
     TokenLogprob,
 )
 from swama.generated.openai_models import CreateCompletionRequest
-from swama.handlers.http.errors import ApiError, engine_error
+from swama.handlers.http.errors import ApiError, bad_request, engine_error
 from swama.handlers.http.pipeline import Call, route
 from swama.handlers.http.streaming import collect_or_cancel, start_stream
 from swama.handlers.routes.completions_render import Piece, Track, chunks, completion, empty_logprobs
@@ -264,9 +264,13 @@ def _stream_error(exc: BaseException) -> dict[str, Any]:
 @route(RULES)
 async def create_completion(call: Call, parsed: CreateCompletionRequest) -> Response | dict[str, Any]:
     job = completion_job(parsed)
+    settings = call.settings
+    if job.choices > settings.max_choices:
+        raise bad_request(f"A request may ask for at most {settings.max_choices} completions (prompts times n, "
+                          f"--max-choices); this one asks for {len(job.prompts)} x {job.n} = {job.choices}.",
+                          param="prompt")
     engine = call.engine
     installed = engine.model_for(job.model, Task.GENERATE)
-    settings = call.settings
     rows = max(1, settings.batch_rows if settings.batching else 1)
     choices = Choices(engine, installed.id, job, settings.context_limit, rows)
     ident, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())

@@ -73,7 +73,13 @@ async def create_file(call: Call, request: CreateFileRequest) -> dict[str, Any]:
     if request.purpose.value == "batch":
         await asyncio.to_thread(check_upload, request.file, filename)
     expires = request.expires_after.seconds if request.expires_after is not None else None
-    record = await asyncio.to_thread(store_of(call).add_file, request.file, request.purpose.value, filename, expires)
+    store, quota = store_of(call), call.settings.files_quota_bytes
+    # Checked before writing; uploads in flight at once may pass it together, each within the body limit.
+    if (used := await asyncio.to_thread(store.stored_bytes)) + len(request.file) > quota:
+        raise ApiError(413, f"The files stored here take {used:,} bytes; this one ({len(request.file):,} bytes) would pass "
+                            f"the server's quota of {quota:,} (--files-quota-bytes). Delete files first.",
+                       code="files_quota_exceeded", param="file")
+    record = await asyncio.to_thread(store.add_file, request.file, request.purpose.value, filename, expires)
     return file_view(record)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import stat
 import time
 from pathlib import Path
 
@@ -45,6 +46,12 @@ def test_one_server_per_data_folder(tmp_path: Path) -> None:
         BatchStore(tmp_path)
     store.close()
     BatchStore(tmp_path).close()
+
+
+def test_the_data_folder_is_this_users_only(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    BatchStore(root).close()
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700  # uploads, results and the job database inside
 
 
 def test_files_are_reached_by_id_and_expire(tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ from swama.engine.text.generator import (
     ToolCallEvent,
     generate,
 )
-from swama.engine.text.grammar import Constraint, ToolSpec, grammars
+from swama.engine.text.grammar import CompileBudget, Constraint, ToolSpec, grammars
 from swama.engine.text.language import load_language_model
 from swama.engine.text.prompt_cache import PromptCache
 
@@ -127,6 +127,26 @@ def test_a_grammar_compiles_once_per_schema(smollm2: LoadedModel) -> None:
     constraint = Constraint("json_schema", json.dumps({"type": "object", "properties": {"q": {"type": "integer"}}}))
     first = g.compile(constraint, ("", ""))
     assert g.compile(Constraint("json_schema", constraint.schema), ("", "")) is first
+
+
+def test_a_compile_past_its_budget_is_refused_and_the_pool_goes_on(smollm2: LoadedModel) -> None:
+    """A string property holding 15 letters each (an allOf of `.*a.*`, `.*b.*`, ...): llguidance's
+    emptiness check of the patterns' intersection takes about 2.5 s on this project's CPU and doubles
+    with each letter (20 ran for minutes). Past a 0.2 s budget the request is refused, naming the
+    setting; the compile runs out in the grammar pool, which then takes the next one."""
+    g = grammars(smollm2)
+    budget = g.budget
+    letters = {"type": "string", "allOf": [{"pattern": f".*{chr(97 + i)}.*"} for i in range(15)]}
+    slow = Constraint("json_schema", json.dumps({"type": "object", "properties": {"v": letters}}))
+    try:
+        g.budget = CompileBudget(0.2)
+        with pytest.raises(BadInput, match=r"did not compile within 0.2 s \(--grammar-compile-seconds\)") as refused:
+            g.matcher(slow, ("", ""))
+        assert refused.value.code == "schema_too_complex"
+    finally:
+        g.budget = budget
+    plain = Constraint("json_schema", json.dumps({"type": "object", "properties": {"b": {"type": "boolean"}}}))
+    assert g.matcher(plain, ("", "")) is not None
 
 
 def test_unenforceable_schemas_are_refused_by_keyword(smollm2: LoadedModel) -> None:

@@ -118,3 +118,22 @@ def test_serve_refuses_limits_that_could_never_serve(tmp_path: Path, args: list[
                          capture_output=True, text=True, timeout=60,
                          env={**os.environ, "SWAMA_MODELS": str(tmp_path), **env})
     assert out.returncode == 2 and f"error: {flag} must be at least 1" in out.stderr
+
+
+def test_running_out_of_memory_is_a_503_and_nothing_else_is() -> None:
+    """What NumPy raises for an allocation past the host's memory, and the way MLX's and CUDA's
+    allocators word it (the engine process hands those over as Failed), answer 503 with what ran out;
+    other failures stay what they are."""
+    import numpy as np
+
+    from swama.engine.errors import Failed, out_of_memory
+
+    with pytest.raises(MemoryError) as raised:
+        np.empty(1 << 60, dtype=np.uint8)  # an exbibyte: no host has it
+    for exc in (raised.value, RuntimeError("[cuda::malloc] Failed to allocate 8589934592 bytes"),
+                Failed("RuntimeError: CUDA error: out of memory", code="engine_error")):
+        oom = out_of_memory(exc)
+        assert oom is not None and oom.status == 503 and oom.code == "insufficient_memory", exc
+        assert "ran out of memory" in oom.message and "goes on serving" in oom.message
+    for exc in (RuntimeError("shape mismatch"), ValueError("out of memory"), Failed("ZeroDivisionError: x")):
+        assert out_of_memory(exc) is None, exc

@@ -4,6 +4,7 @@ block is skipped and removed; the tier keeps its byte budget; blocks are shared 
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 import mlx.core as mx
@@ -79,6 +80,13 @@ def test_blocks_written_before_a_restart_continue_the_prompt(tiny: LoadedModel, 
     cache, reused = fresh.take(longer)
     assert reused == 3 * BLOCK and fresh.from_disk == 3 * BLOCK and fresh.disk.stats.hits == 1
     assert mx.allclose(next_logits(tiny, longer, cache), next_logits(tiny, longer), rtol=0, atol=RESUMED).item()
+
+
+def test_the_blocks_folders_are_this_users_only(tiny: LoadedModel, tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    written(tiny, root, prompt(BLOCK + 1))
+    folders = [root, *(p for p in root.iterdir() if p.is_dir())]
+    assert len(folders) == 2 and all(stat.S_IMODE(f.stat().st_mode) == 0o700 for f in folders)
 
 
 def test_prompts_share_blocks_by_prefix_and_part_where_they_differ(tiny: LoadedModel, tmp_path: Path) -> None:

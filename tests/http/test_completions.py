@@ -109,7 +109,7 @@ def client(engine: FakeEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("SWAMA_MODELS", str(tmp_path))
     app = create_app(ServerSettings(batch_rows=3, ui=False))
     app.state.engine = engine
-    yield TestClient(app)  # no lifespan: the real engine behind create_app is never started
+    yield TestClient(app, base_url="http://localhost")  # no lifespan: the real engine behind create_app is never started
 
 
 def post(client: TestClient, **body: Any) -> Any:

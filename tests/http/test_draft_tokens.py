@@ -54,7 +54,7 @@ def client(engine: FakeEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("SWAMA_MODELS", str(tmp_path))
     app = create_app(ServerSettings(ui=False))
     app.state.engine = engine
-    yield TestClient(app)
+    yield TestClient(app, base_url="http://localhost")  # a Host the server answers to
 
 
 def _data(raw: str) -> list[dict[str, Any]]:

@@ -218,7 +218,7 @@ def wired() -> tuple[TestClient, RecordingEngine]:
     app.include_router(router)
     app.state.settings = ServerSettings()
     app.state.engine = engine = RecordingEngine()
-    return TestClient(app), engine
+    return TestClient(app, base_url="http://localhost"), engine  # a Host the server answers to
 
 
 def test_completion_form_reaches_the_engine_as_a_prompt(wired: tuple[TestClient, RecordingEngine]) -> None:

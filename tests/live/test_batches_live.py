@@ -154,6 +154,24 @@ def test_embedding_and_responses_jobs(client: OpenAI) -> None:
     assert answer["custom_id"] == "r0" and answer["response"]["body"]["object"] == "response"
 
 
+def test_uploads_stop_at_the_files_quota(tmp_path: Path) -> None:
+    live = start_server(tmp_path, tmp_path / "quota.log", "--files-quota-bytes", "100")
+    try:
+        def upload(size: int) -> httpx.Response:
+            return httpx.post(f"{live.v1}/files", files={"file": ("x.txt", b"x" * size)},
+                              data={"purpose": "user_data"}, timeout=30)
+
+        first = upload(60)
+        assert first.status_code == 200, first.text
+        refused = upload(60)  # 120 bytes would pass the quota of 100
+        assert refused.status_code == 413 and refused.json()["error"]["code"] == "files_quota_exceeded"
+        assert "--files-quota-bytes" in refused.json()["error"]["message"]
+        assert httpx.delete(f"{live.v1}/files/{first.json()['id']}", timeout=30).status_code == 200
+        assert upload(60).status_code == 200  # room again
+    finally:
+        live.stop()
+
+
 def test_bad_input_gets_a_clear_4xx(client: OpenAI, server: LiveServer) -> None:
     headers = {"Authorization": f"Bearer {KEY}"}
 
@@ -198,7 +216,7 @@ def test_bad_input_gets_a_clear_4xx(client: OpenAI, server: LiveServer) -> None:
     # An upload over the limit is refused by its declared length, unread (a raw request: no client sends 300 MB here).
     host, port = server.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=30) as raw:
-        raw.sendall(f"POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+        raw.sendall(f"POST /v1/files HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {KEY}\r\n"
                     "Content-Type: multipart/form-data; boundary=x\r\nContent-Length: 300000000\r\n\r\n--x".encode())
         answer = read_http_answer(raw).decode()
     assert answer.startswith("HTTP/1.1 413") and "The file is larger than 200000000 bytes" in answer, answer

@@ -134,7 +134,9 @@ def test_answers_equal_systemone(model_server: LiveServer) -> None:
 
 def test_bad_requests_get_cloudflare_errors(model_server: LiveServer) -> None:
     url = model_server.url + RUN + "clef"
-    assert refusal(httpx.post(url, content=b"{nope", timeout=30), 400, 5006)
+    assert refusal(httpx.post(url, content=b"{nope", timeout=30, headers={"content-type": "application/json"}),
+                   400, 5006)
+    assert "reads only application/json bodies" in refusal(httpx.post(url, content=b"{}", timeout=30), 415, 5006)
     assert refusal(post(model_server, RUN + "clef", {**REQUEST, "model": "jev-latest"}), 400, 5006) == \
         "model must be clef or clef-flash."
     assert "state" in refusal(post(model_server, RUN + "clef", {"model": "clef", "questions": QUESTIONS}),

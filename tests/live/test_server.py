@@ -31,6 +31,7 @@ ANTHROPIC_ROUTES = {"/v1/messages", "/v1/messages/count_tokens"}
 COHERE_ROUTES = {"/v1/rerank", "/v2/rerank"}
 OPENAI_ROUTES = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings",
                  "/v1/audio/transcriptions", "/v1/audio/speech", "/tokenize", "/detokenize", "/v1/score"}
+JSON = {"content-type": "application/json"}
 MiB = 1024 * 1024
 
 
@@ -99,8 +100,19 @@ def test_wrong_types_get_400(empty_server: LiveServer, path: str) -> None:
 
 def test_transcription_needs_multipart(empty_server: LiveServer) -> None:
     r = httpx.post(empty_server.v1 + "/audio/transcriptions", json={"model": "whisper"})
-    assert r.status_code == 400
-    assert assert_error_shape("/v1/audio/transcriptions", r) == "Content-Type must be multipart/form-data"
+    assert r.status_code == 415
+    assert assert_error_shape("/v1/audio/transcriptions", r) == (
+        "POST /v1/audio/transcriptions reads only multipart/form-data bodies: send 'Content-Type: multipart/form-data' "
+        "(got 'application/json').")
+
+
+def test_a_request_cannot_widen_the_servers_limits(empty_server: LiveServer) -> None:
+    many = httpx.post(empty_server.v1 + "/completions", json={"model": "m", "prompt": ["a"] * 65, "n": 2})
+    assert many.status_code == 400 and "at most 128 completions" in many.json()["error"]["message"]
+    wide = httpx.post(empty_server.v1 + "/chat/completions", json={
+        "model": "m", "messages": [{"role": "user", "content": "hi"}], "context_limit": 10 ** 9})
+    assert wide.status_code == 400 and wide.json()["error"]["code"] == "context_limit_exceeded"
+    assert "at most the server's context limit" in wide.json()["error"]["message"]
 
 
 def test_unknown_field_named_on_decisions(empty_server: LiveServer) -> None:
@@ -112,17 +124,17 @@ def test_unknown_field_named_on_decisions(empty_server: LiveServer) -> None:
 
 def test_systemone_body_limit_and_duplicates(empty_server: LiveServer) -> None:
     url = empty_server.v1 + "/systemone"
-    r = httpx.post(url, content=b" " * (13 * MiB + 1))
+    r = httpx.post(url, content=b" " * (13 * MiB + 1), headers=JSON)
     assert r.status_code == 413
     assert assert_error_shape("/v1/systemone", r) == "The request body is larger than 13 MiB."
     assert r.headers["x-typesafe-request-id"].startswith("systemone-")
-    r = httpx.post(url, content=b" " * (13 * MiB))  # exactly at the limit: parsed, then refused as invalid
+    r = httpx.post(url, content=b" " * (13 * MiB), headers=JSON)  # exactly at the limit: parsed, then refused as invalid
     assert r.status_code == 400
-    r = httpx.post(url, content=b'{"model":"m","state":"x","questions":{"a":{},"a":{}}}')
+    r = httpx.post(url, content=b'{"model":"m","state":"x","questions":{"a":{},"a":{}}}', headers=JSON)
     assert r.status_code == 400
     assert assert_error_shape("/v1/systemone", r) == "Duplicate SystemOne object key 'a'."
     r = httpx.post(url, content=b'{"model":"m","state":"x","questions":{"q":{"type":"noul","instructions":"i",'
-                                b'"criteria":{"true":{"k":1,"\\u006b":2}}}}}')
+                                b'"criteria":{"true":{"k":1,"\\u006b":2}}}}}', headers=JSON)
     assert r.status_code == 400 and "'k'" in assert_error_shape("/v1/systemone", r)
 
 
@@ -132,7 +144,8 @@ def test_zstd_bodies_are_decoded(empty_server: LiveServer) -> None:
     r = httpx.post(empty_server.v1 + "/systemone", content=zstandard.ZstdCompressor().compress(body),
                    headers={"content-encoding": "zstd", "content-type": "application/json"})
     assert r.status_code == 400 and "bogus" in assert_error_shape("/v1/systemone", r)
-    r = httpx.post(empty_server.v1 + "/systemone", content=b"not zstd", headers={"content-encoding": "zstd"})
+    r = httpx.post(empty_server.v1 + "/systemone", content=b"not zstd",
+                   headers={"content-encoding": "zstd", **JSON})
     assert r.status_code == 400
 
 

@@ -3,7 +3,8 @@ waves and chat requests arriving at random.
 
     python -m tools.bench.load [--shape qwen3-0.6b | --model-dir DIR] [--decisions 1,8,32,64]
                                [--chat 1,8,32,64,128] [--repeats 3] [--poisson 8,32] [--seconds 15]
-                               [--max-tokens 128] [--batch-rows 256] [--no-ceiling] [--server-flags ...]
+                               [--hostile 32] [--max-tokens 128] [--batch-rows 256] [--no-ceiling]
+                               [--server-flags ...]
                                [--profile DIR] [--swama-src DIR] [--label NAME] [--out FILE]
 
 **The ceiling first.** Before the server starts, `python -m tools.bench.ceiling` runs in its own
@@ -31,6 +32,13 @@ Chat arrivals (`--poisson RATES`, requests per second): requests arrive at expon
 `--seconds`, each streaming `--max-tokens` tokens; reported: tokens/s, time to first token and
 inter-token latency percentiles (p50, p90, p99, from the client's clock on each content delta).
 
+Hostile clients (`--hostile COUNTS`): for `--seconds`, each client sends, round robin, requests the
+server must refuse (docs/security.md): nesting past any limit, unterminated escapes, a 12 MiB body, a
+gzip bomb, a schema whose patterns compile for minutes, a forged PNG, a WAV claiming 2 MHz, a page's
+text/plain POST, a rebound Host, an image URL into the link-local network; beside them one client sends
+short chats and /health is timed every 50 ms. Reported: the hostile answers by status (no 5xx is the
+goal), the legitimate requests answered and their median latency, and /health's p50, p99 and worst.
+
 On an NVIDIA machine the GPU's utilisation is sampled (nvidia-smi, every 100 ms) during each level,
 and a physical limit is printed beside each figure: decisions from the model's FLOPs at the measured
 matmul rate, chat from one read of the weights and the rows' key/value state per step at
@@ -49,6 +57,7 @@ another checkout's package layout (DIR/swama/...), to compare two versions on on
 from __future__ import annotations
 
 import argparse
+import base64
 import concurrent.futures
 import dataclasses
 import json
@@ -268,6 +277,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="times each chat level runs (stalls are counted)")
     parser.add_argument("--poisson", default="", help="chat arrival rates, requests/s ('' for none)")
     parser.add_argument("--seconds", type=float, default=15.0, help="length of a decision level or an arrival run")
+    parser.add_argument("--hostile", default="", help="hostile client counts ('' for none): each sends a mix of "
+                                                       "refused requests for --seconds while /health is timed")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--batch-rows", type=int, default=256)
     parser.add_argument("--no-ceiling", action="store_true", help="skip mlx-lm's batch loop alone")
@@ -347,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
             lines += decision_lines(server, repo_id, text, args, facts, tflops)
             lines += chat_lines(target, server, args, facts, ceiling)
             lines += poisson_lines(server, repo_id, args)
+            lines += hostile_lines(server, repo_id, args)
     if args.profile is not None:
         lines += ["", profile_summary(args.profile)]
     report = "\n".join(lines) + "\n"
@@ -649,6 +661,122 @@ def poisson_lines(server: Server, model: str, args: argparse.Namespace) -> list[
                    + " / ".join(f"{t * 1000:,.0f}" for t in ttft) + " | "
                    + " / ".join(f"{g * 1000:,.1f}" for g in gaps) + f" | {len(errors)} |")
         print(out[-1] + (f"  first error: {errors[0]}" if errors else ""), flush=True)
+    return out + [""]
+
+
+def hostile_bodies() -> list[tuple[str, bytes, dict[str, str]]]:
+    """What a hostile client sends, each refused by a rule of docs/security.md: (path, body, headers)."""
+    import gzip
+    import io
+    import struct
+    import zlib
+
+    json_type = {"content-type": "application/json"}
+    letters = {"type": "string", "allOf": [{"pattern": f".*{chr(97 + i)}.*"} for i in range(22)]}
+    slow_schema = {"model": "{model}", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
+                   "response_format": {"type": "json_schema", "json_schema": {
+                       "name": "x", "schema": {"type": "object", "properties": {"v": letters}}}}}
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    big_png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 6000, 6000, 8, 2, 0, 0, 0))
+               + chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0)) + chunk(b"IDAT", zlib.compress(b"\0" * 64))
+               + chunk(b"IEND", b""))
+    wav = io.BytesIO()
+    head = struct.pack("<HHIIHH", 1, 1, 2_000_003, 4_000_006, 2, 16)
+    wav.write(b"RIFF" + struct.pack("<I", 36 + 8) + b"WAVE" + b"fmt " + struct.pack("<I", 16) + head
+              + b"data" + struct.pack("<I", 8) + bytes(8))
+    boundary = "hostileboundary"
+    upload = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwhisper\r\n"
+              f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"x.wav\"\r\n"
+              f"Content-Type: audio/wav\r\n\r\n").encode() + wav.getvalue() + f"\r\n--{boundary}--\r\n".encode()
+    image = "data:image/png;base64," + base64.b64encode(big_png).decode()
+    return [
+        ("/v1/chat/completions", b"[" * 200_000, json_type),  # nesting past any limit
+        ("/v1/chat/completions", b'{"model": "' + b'\\"' * 200_000, json_type),  # unterminated escapes
+        ("/v1/systemone", b" " * (12 * 1024 * 1024) + b"{}", json_type),  # a body near the limit, parsed
+        ("/v1/chat/completions", gzip.compress(bytes(256 * 1024 * 1024), compresslevel=1),
+         {**json_type, "content-encoding": "gzip"}),  # a gzip bomb
+        ("/v1/chat/completions", json.dumps(slow_schema).encode(), json_type),  # a schema that compiles for minutes
+        ("/v1/decisions", json.dumps({"model": "{model}", "input": [{"role": "user", "content": [
+            {"type": "input_image", "image_url": image}]}], "questions": [
+            {"type": "predicate", "instructions": "Is it?"}]}).encode(), json_type),  # a forged PNG
+        ("/v1/audio/transcriptions", upload, {"content-type": f"multipart/form-data; boundary={boundary}"}),
+        ("/v1/chat/completions", b'{"model": "x"}', {"content-type": "text/plain"}),  # a page's simple POST
+        ("/v1/models", b"", {"host": "rebound.example"}),  # DNS rebinding
+        ("/v1/chat/completions", json.dumps({"model": "{model}", "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "http://169.254.169.254/latest/meta-data"}}]}]}).encode(),
+         json_type),  # a request that would reach into the server's network
+    ]
+
+
+def hostile_level(server: Server, model: str, clients: int, seconds: float, timeout: float) -> dict[str, Any]:
+    """`clients` threads sending hostile_bodies() round robin for `seconds`, one legitimate client
+    sending short chats, and /health timed every 50 ms."""
+    bodies = [(path, body.replace(b"{model}", model.encode()), headers) for path, body, headers in hostile_bodies()]
+    stop = time.monotonic() + seconds
+    statuses: dict[int, int] = {}
+    legit: list[tuple[int, float]] = []
+    health: list[float] = []
+    lock = threading.Lock()
+
+    def hostile(c: int) -> None:
+        with httpx.Client(timeout=timeout) as http:
+            i = c
+            while time.monotonic() < stop:
+                path, body, headers = bodies[i % len(bodies)]
+                i += 1
+                try:
+                    status = http.request("GET" if path == "/v1/models" else "POST", server.base_url + path,
+                                          content=body or None, headers=headers).status_code
+                except httpx.HTTPError:
+                    status = 0  # the connection failed
+                with lock:
+                    statuses[status] = statuses.get(status, 0) + 1
+
+    def legitimate() -> None:
+        with httpx.Client(timeout=timeout) as http:
+            while time.monotonic() < stop:
+                sent = time.perf_counter()
+                r = http.post(server.base_url + "/v1/chat/completions", json={
+                    "model": model, "max_tokens": 8, "temperature": 0,
+                    "messages": [{"role": "user", "content": "Say hello."}]})
+                legit.append((r.status_code, time.perf_counter() - sent))
+
+    def probe() -> None:
+        with httpx.Client(timeout=timeout) as http:
+            while time.monotonic() < stop:
+                sent = time.perf_counter()
+                http.get(server.base_url + "/health").raise_for_status()
+                health.append(time.perf_counter() - sent)
+                time.sleep(0.05)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=clients + 2) as pool:
+        jobs = [pool.submit(hostile, c) for c in range(clients)] + [pool.submit(legitimate), pool.submit(probe)]
+        for job in jobs:
+            job.result()
+    return {"statuses": statuses, "legit": legit, "health": health}
+
+
+def hostile_lines(server: Server, model: str, args: argparse.Namespace) -> list[str]:
+    levels = counts(args.hostile)
+    if not levels:
+        return []
+    out = [f"### Hostile clients beside a legitimate one, {args.seconds:g} s (docs/security.md)", "",
+           "| hostile clients | hostile requests | their answers | 5xx | legitimate answered / sent | legitimate p50 ms "
+           "| /health p50 / p99 / max ms |", "| ---: | ---: | --- | ---: | ---: | ---: | ---: |"]
+    for clients in levels:
+        level = hostile_level(server, model, clients, args.seconds, args.timeout)
+        statuses = level["statuses"]
+        answers = ", ".join(f"{k}: {v}" for k, v in sorted(statuses.items()))
+        fives = sum(v for k, v in statuses.items() if k >= 500 or k == 0)
+        ok = [t for status, t in level["legit"] if status == 200]
+        p50, p99 = percentiles(level["health"], (0.5, 0.99))
+        out.append(f"| {clients} | {sum(statuses.values()):,} | {answers} | {fives} | {len(ok)} / {len(level['legit'])} "
+                   f"| {percentiles(ok, (0.5,))[0] * 1000:,.0f} | {p50 * 1000:,.1f} / {p99 * 1000:,.1f} / "
+                   f"{max(level['health'], default=float('nan')) * 1000:,.1f} |")
+        print(out[-1], flush=True)
     return out + [""]
 
 

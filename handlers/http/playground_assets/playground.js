@@ -138,7 +138,7 @@ async function loadModels() {
 }
 
 async function fetchHealth() {
-  const response = await fetch("/health");
+  const response = await fetch("/health", { headers: authHeaders() });
   if (!response.ok) return null;
   const health = await response.json();
   state.loaded = health.models_loaded || [];
