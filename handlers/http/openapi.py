@@ -54,6 +54,12 @@ def merged_spec() -> dict[str, Any]:
             if schema in merged["components"]["schemas"] and merged["components"]["schemas"][schema] != body:
                 raise RuntimeError(f"component {schema} differs between pinned specs")
             merged["components"]["schemas"][schema] = body
+    for item in merged["paths"].values():
+        for op in item.values():
+            responses = op.get("responses", {}) if isinstance(op, dict) and "requestBody" in op else {}
+            if "400" in responses and "415" not in responses:  # SERVER_RULES: a body of another media type
+                responses["415"] = {**responses["400"], "description": "The body is not of the media type the "
+                                                                       "operation takes (Content-Type)"}
     return merged
 
 
